@@ -1,0 +1,37 @@
+"""loadertune: find the fastest PyTorch DataLoader settings for this machine.
+
+Example:
+    >>> from loadertune import tune_loader, load_recommendation
+    >>> rec = tune_loader(dataset, batch_size=[32, 64, 128], step=train_step, budget_s=60)
+    >>> rec.save("loadertune.json")
+    >>> loader = DataLoader(dataset, **load_recommendation("loadertune.json"))
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from loadertune.api import Recommendation, load_recommendation, tune_loader
+from loadertune.errors import (
+    ConfigError,
+    LoadertuneError,
+    NoRecommendationError,
+    RecommendationFileError,
+    ScriptError,
+    SearchInterrupted,
+    UserCodeError,
+)
+
+__all__ = [
+    "ConfigError",
+    "LoadertuneError",
+    "NoRecommendationError",
+    "Recommendation",
+    "RecommendationFileError",
+    "ScriptError",
+    "SearchInterrupted",
+    "UserCodeError",
+    "__version__",
+    "load_recommendation",
+    "tune_loader",
+]

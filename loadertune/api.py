@@ -1,0 +1,340 @@
+"""The library API: ``tune_loader``, ``Recommendation`` and ``load_recommendation``."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import hashlib
+import inspect
+import os
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch.utils.data import DataLoader, Dataset
+
+from loadertune import analysis, hardware, store
+from loadertune.errors import ConfigError
+from loadertune.hardware import Hardware
+from loadertune.search import Observer, Search, SearchOutcome, SearchSettings
+from loadertune.space import TUNED_KEYS, Config, check_max_workers, normalize_batch_sizes
+from loadertune.trial import TrialResult, TrialRunner
+
+DEFAULT_BATCH_SIZE = 32  # the baseline's batch size when the user names none
+
+
+def _figures(results: list[TrialResult]) -> dict[str, Any] | None:
+    """Medians over a setting's measurements, and each round, for the report and the file."""
+    ok = [r for r in results if r.ok and r.measurement is not None and not r.pruned]
+    if not ok:
+        return None
+    rates = [r.samples_per_s or 0.0 for r in ok]
+    epoch = [r.epoch_samples_per_s or 0.0 for r in ok]
+    out: dict[str, Any] = {
+        "samples_per_s": statistics.median(rates),
+        "epoch_samples_per_s": statistics.median(epoch),
+        "rounds_samples_per_s": rates,
+        "spread": (max(rates) - min(rates)) / statistics.median(rates) if len(rates) > 1 else
+        ok[0].measurement.spread if ok[0].measurement else 0.0,
+        "blocked_fraction": statistics.median(r.measurement.blocked_fraction for r in ok if r.measurement),
+        "first_batch_s": statistics.median(r.measurement.first_batch_s for r in ok if r.measurement),
+        "epoch_startup_s": statistics.median(r.epoch_startup_s for r in ok),
+    }
+    res = [r.resources for r in ok if r.resources is not None]
+    if res:
+        def med(values: list[float | int | None]) -> float | None:
+            vals = [v for v in values if v is not None]
+            return statistics.median(vals) if vals else None
+        out["cpu_percent_main"] = med([u.cpu_percent_main for u in res])
+        out["cpu_percent_workers"] = med([u.cpu_percent_workers for u in res])
+        out["pss_bytes"] = med([u.pss_bytes for u in res])
+        out["worker_pss_bytes"] = med([u.worker_pss_bytes for u in res])
+        out["gpu_util_mean"] = med([u.gpu_util_mean for u in res])
+    peaks = [r.cuda_peak_reserved_bytes for r in ok if r.cuda_peak_reserved_bytes]
+    if peaks:
+        out["cuda_peak_reserved_bytes"] = max(peaks)
+    return out
+
+
+@dataclass
+class Recommendation:
+    """The answer of a search: settings to use on this machine, and the evidence.
+
+    Attributes:
+        loader_kwargs: keyword arguments for ``DataLoader`` (``num_workers``, ``batch_size``,
+            ``prefetch_factor``, ``pin_memory``, ``persistent_workers``).
+        samples_per_s: the winner's confirmed steady-state rate (median of the final rounds).
+        baseline_kwargs: the user's own settings, measured beside the winner.
+        baseline_samples_per_s: their confirmed rate.
+        speedup: winner over baseline, by epoch rate (start-up included), or None.
+        within_noise: True when the winner does not clearly beat the baseline.
+        best_at_batch_size: the best setting at the user's own batch size, with its rate (the
+            overall winner may use another batch size; the learning rate then usually needs
+            scaling with it).
+        trials: one record per trial of this call (``params``, ``samples_per_s``, ``error``...).
+        diagnosis: the bottleneck and ceilings (see ``loadertune.analysis``); the keys
+            ``"bottleneck"`` and ``"ceiling_samples_per_s"`` are stable.
+        hardware: the machine it was measured on.
+        search: study name, storage, why the search stopped, time spent.
+        workload: what was tuned (dataset or script, and which loader).
+    """
+
+    loader_kwargs: dict[str, Any]
+    samples_per_s: float | None
+    baseline_kwargs: dict[str, Any]
+    baseline_samples_per_s: float | None
+    speedup: float | None
+    within_noise: bool
+    best_at_batch_size: dict[str, Any] | None
+    trials: list[TrialResult]
+    diagnosis: dict[str, Any]
+    hardware: Hardware
+    search: dict[str, Any]
+    workload: dict[str, Any] = field(default_factory=dict)
+    winner: dict[str, Any] | None = None
+    baseline: dict[str, Any] | None = None
+    measured_at: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+
+    def to_entry(self) -> dict[str, Any]:
+        """This recommendation as an entry of the recommendation file."""
+        return {
+            "loader_kwargs": self.loader_kwargs,
+            "samples_per_s": self.samples_per_s,
+            "speedup": self.speedup,
+            "within_noise": self.within_noise,
+            "winner": self.winner,
+            "baseline": {"loader_kwargs": self.baseline_kwargs, **(self.baseline or {})},
+            "best_at_batch_size": self.best_at_batch_size,
+            "diagnosis": self.diagnosis,
+            "workload": self.workload,
+            "hardware": self.hardware.to_dict(),
+            "measured_at": self.measured_at,
+            "versions": self.hardware.versions,
+            "search": self.search,
+            "trials": [t.to_dict() | {"measurement": None, "resources": None} for t in self.trials],
+        }
+
+    def save(self, path: str | os.PathLike[str] = "loadertune.json", *, force: bool = False) -> str:
+        """Merge this machine's entry into ``path`` (atomically, under a lock); return the path."""
+        return str(store.save_entry(path, self.hardware.key, self.to_entry(), force=force))
+
+
+def build_recommendation(outcome: SearchOutcome, hw: Hardware, *, workload: dict[str, Any],
+                         hide_batch_size: bool = False) -> Recommendation:
+    """Turn a search's outcome into a Recommendation."""
+    conf = outcome.confirmation
+
+    def results_for(config: Config) -> list[TrialResult]:
+        if conf is not None and conf.results.get(config):
+            return conf.results[config]
+        return [t for t in outcome.trials if t.config == config and t.phase != "replay"]
+
+    winner, base = outcome.winner, outcome.baseline
+    win_fig, base_fig = _figures(results_for(winner)), _figures(results_for(base))
+    kwargs = winner.loader_kwargs()
+    if hide_batch_size:
+        kwargs.pop("batch_size")
+    speedup = None
+    if win_fig and base_fig and base_fig["epoch_samples_per_s"]:
+        speedup = win_fig["epoch_samples_per_s"] / base_fig["epoch_samples_per_s"]
+    at_bs = outcome.best_at_batch_size(outcome.user_batch_size)
+    at_bs_fig = _figures(results_for(at_bs)) if at_bs is not None else None
+    diagnosis: dict[str, Any] = {
+        "bottleneck": (analysis.describe_trial(results_for(winner)) or {}).get("bottleneck"),
+        "ceiling_samples_per_s": outcome.estimates.achievable if outcome.estimates else None,
+        "winner": analysis.describe_trial(results_for(winner)),
+        "baseline": analysis.describe_trial(results_for(base)),
+        "ceilings": analysis.ceilings(outcome.estimates),
+    }
+    if diagnosis["ceiling_samples_per_s"] and win_fig:
+        diagnosis["percent_of_ceiling"] = 100 * win_fig["samples_per_s"] / diagnosis["ceiling_samples_per_s"]
+    return Recommendation(
+        loader_kwargs=kwargs,
+        samples_per_s=win_fig["samples_per_s"] if win_fig else None,
+        baseline_kwargs=base.loader_kwargs(),
+        baseline_samples_per_s=base_fig["samples_per_s"] if base_fig else None,
+        speedup=speedup,
+        within_noise=conf.within_noise if conf is not None else winner == base,
+        best_at_batch_size=({"loader_kwargs": at_bs.loader_kwargs(), **(at_bs_fig or {})}
+                            if at_bs is not None else None),
+        trials=outcome.trials,
+        diagnosis=diagnosis,
+        hardware=hw,
+        search={"study_name": outcome.study_name, "storage": outcome.storage,
+                "stop_reason": outcome.stop_reason, "elapsed_s": outcome.elapsed_s,
+                "n_trials": len(outcome.trials), "n_previous_trials": outcome.n_previous_trials,
+                "space": {"batch_sizes": list(outcome.space.batch_sizes),
+                          "max_workers": outcome.space.max_workers,
+                          "prefetch_factors": list(outcome.space.prefetch_factors),
+                          "pin_memory": list(outcome.space.pin_memory),
+                          "persistent_workers": list(outcome.space.persistent_workers),
+                          "limits": outcome.space.limits}},
+        workload=workload,
+        winner=win_fig,
+        baseline=base_fig,
+    )
+
+
+_LOADER_PARAMS = set(inspect.signature(DataLoader.__init__).parameters) - {"self", "dataset"}
+
+
+def _check_fixed(loader_kwargs: Mapping[str, Any]) -> None:
+    tuned = sorted(set(loader_kwargs) & set(TUNED_KEYS))
+    if tuned:
+        raise ConfigError(
+            f"{', '.join(tuned)} {'is' if len(tuned) == 1 else 'are'} what loadertune tunes; pass "
+            "your current values as baseline={...} to compare against them, batch_size= for the "
+            "candidates, and max_workers= to bound num_workers."
+        )
+    unknown = sorted(set(loader_kwargs) - _LOADER_PARAMS)
+    if unknown:
+        raise ConfigError(f"unknown DataLoader argument(s) {unknown}; DataLoader takes "
+                          f"{sorted(_LOADER_PARAMS)}.")
+
+
+def _user_batch_size(batch_size: int | Sequence[int] | None, baseline: Mapping[str, Any] | None) -> int:
+    if baseline and baseline.get("batch_size") is not None:
+        return int(baseline["batch_size"])
+    if isinstance(batch_size, int):
+        return batch_size
+    if batch_size:
+        return int(next(iter(batch_size)))
+    return DEFAULT_BATCH_SIZE
+
+
+def _workload_id(dataset: Any, step: Callable[..., Any] | None, batch_sizes: Sequence[int]) -> str:
+    cls = type(dataset)
+    try:
+        length: Any = len(dataset)
+    except TypeError:
+        length = "iterable"
+    text = f"{cls.__module__}.{cls.__qualname__}|{length}|{getattr(step, '__qualname__', step)}|{list(batch_sizes)}"
+    return f"tune_loader-{cls.__name__}-{hashlib.sha1(text.encode()).hexdigest()[:10]}"
+
+
+def run_search(runner: TrialRunner, *, baseline: Config, batch_sizes: Sequence[int],
+               settings: SearchSettings, observer: Observer | None, hw: Hardware,
+               workload: dict[str, Any], hide_batch_size: bool = False) -> Recommendation:
+    """Search with ``runner`` and build the recommendation; the runner is closed after."""
+    try:
+        outcome = Search(runner, hardware=hw, baseline=baseline, batch_sizes=batch_sizes,
+                         settings=settings, observer=observer).run()
+    finally:
+        runner.close()
+    return build_recommendation(outcome, hw, workload=workload, hide_batch_size=hide_batch_size)
+
+
+def tune_loader(
+    dataset: Dataset[Any],
+    *,
+    batch_size: int | Sequence[int] | None = None,
+    step: Callable[[Any], Any] | None = None,
+    budget_s: float = 60.0,
+    n_trials: int | None = None,
+    max_workers: int | None = None,
+    baseline: Mapping[str, Any] | None = None,
+    storage: str | None = None,
+    study_name: str | None = None,
+    resume: bool = True,
+    window_s: float | None = None,
+    memory_budget_fraction: float = 0.8,
+    seed: int | None = None,
+    verbose: bool = True,
+    **loader_kwargs: Any,
+) -> Recommendation:
+    """Find the fastest DataLoader settings for ``dataset`` (and ``step``) on this machine.
+
+    Trials run in this process, over real multi-worker DataLoaders; each trial warms up, then
+    measures a window of the loop ``for batch in loader: step(batch)``.
+
+    Args:
+        dataset: the dataset to load (map-style or iterable).
+        batch_size: an int to keep fixed, a list of candidates, or None for powers of two.
+        step: your training step, ``step(batch)``; None tunes loading alone (with CUDA, the
+            batch is then copied to the GPU).
+        budget_s: wall-clock cap of the whole call, in seconds.
+        n_trials: cap on the settings measured (None: the budget decides).
+        max_workers: highest ``num_workers`` to try (None: derived from CPUs and memory).
+        baseline: your current settings (DataLoader keywords), measured beside the winner;
+            default: PyTorch's defaults at your batch size.
+        storage: an Optuna storage URL for the study (None: SQLite in the user cache directory).
+        study_name: the study's name (None: derived from the dataset, step and batch sizes);
+            calling again with the same name resumes it.
+        resume: False starts the study afresh.
+        window_s: measured window per trial (None: derived from the budget).
+        memory_budget_fraction: share of available RAM the trials' workers may use.
+        seed: seed of Optuna's sampler.
+        verbose: print a live view and the result table.
+        **loader_kwargs: your other DataLoader arguments (``collate_fn``, ``sampler``,
+            ``shuffle``, ``drop_last``, ``worker_init_fn``...), passed through untouched.
+
+    Returns:
+        The :class:`Recommendation`; ``rec.loader_kwargs`` splats into ``DataLoader``.
+
+    Example:
+        >>> rec = tune_loader(dataset, batch_size=[32, 64], step=train_step, budget_s=60)
+        >>> loader = DataLoader(dataset, **rec.loader_kwargs, collate_fn=my_collate)
+        >>> rec.save("loadertune.json")
+    """
+    from loadertune.inline import InlineRunner  # imports torch's DataLoader machinery
+
+    _check_fixed(loader_kwargs)
+    try:
+        n = len(dataset)  # type: ignore[arg-type]
+    except TypeError:
+        n = None
+    if n == 0:
+        raise ConfigError("the dataset is empty (len(dataset) == 0); there is nothing to load.")
+    hw = hardware.detect()
+    check_max_workers(max_workers, hw.logical_cpus)
+    if baseline is not None:
+        _check_baseline(baseline)
+    user_bs = _user_batch_size(batch_size, baseline)
+    sizes = normalize_batch_sizes(batch_size)
+    base = Config.from_kwargs(baseline or {}, batch_size=user_bs)
+    settings = SearchSettings(
+        budget_s=budget_s, n_trials=n_trials, window_s=window_s, max_workers=max_workers,
+        memory_budget_fraction=memory_budget_fraction, seed=seed, storage=storage,
+        study_name=study_name or _workload_id(dataset, step, sizes), resume=resume)
+    runner = InlineRunner(dataset, step=step, fixed=loader_kwargs)
+    observer = None
+    if verbose:
+        from loadertune.report import LiveView
+        observer = LiveView()
+    workload = {"kind": "dataset", "dataset": f"{type(dataset).__module__}.{type(dataset).__qualname__}",
+                "step": getattr(step, "__qualname__", None), "epoch_samples": runner.epoch_samples}
+    with observer or contextlib.nullcontext():
+        rec = run_search(runner, baseline=base, batch_sizes=sizes, settings=settings,
+                         observer=observer, hw=hw, workload=workload,
+                         hide_batch_size="batch_sampler" in loader_kwargs)
+    if verbose:
+        from loadertune.report import print_summary
+        print_summary(rec)
+    return rec
+
+
+def _check_baseline(baseline: Mapping[str, Any]) -> None:
+    unknown = sorted(set(baseline) - set(TUNED_KEYS))
+    if unknown:
+        raise ConfigError(f"baseline takes only {list(TUNED_KEYS)}, but got {unknown}; pass the "
+                          "other DataLoader arguments to tune_loader itself.")
+
+
+def load_recommendation(path: str | os.PathLike[str] = "loadertune.json", *,
+                        hardware_key: str | None = None) -> dict[str, Any]:
+    """The saved DataLoader keyword arguments for this machine.
+
+    Args:
+        path: the recommendation file.
+        hardware_key: another machine's key (default: this machine's).
+
+    Raises:
+        NoRecommendationError: no entry for the machine (the message lists those there are).
+        RecommendationFileError: the file is not a readable recommendation file.
+
+    Example:
+        >>> loader = DataLoader(dataset, **load_recommendation("loadertune.json"))
+    """
+    key = hardware_key or hardware.current_key()
+    return dict(store.entry_for(path, key)["loader_kwargs"])

@@ -1,0 +1,98 @@
+"""Re-measure the finalists side by side before declaring a winner.
+
+The best of many noisy measurements is biased upwards (the winner's curse), and a shared machine
+drifts, so the search's own figures do not decide. The finalists and the user's baseline are
+measured again in interleaved rounds (A B C, B C A, C A B, ...: no setting always runs first or
+last) and the winner is the highest *median*. The winner clearly beats the baseline only when its
+worst round beats the baseline's best round; with three rounds each, that happens by chance with
+probability 1/20 when the two are really equal. Otherwise the result is reported as within noise.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from loadertune.space import Config
+from loadertune.trial import TrialResult
+
+
+def interleaved(configs: Sequence[Config], rounds: int) -> list[Config]:
+    """Round ``r`` runs the list rotated by ``r``."""
+    n = len(configs)
+    return [configs[(i + r) % n] for r in range(rounds) for i in range(n)]
+
+
+@dataclass
+class Confirmation:
+    """Fresh, interleaved measurements of the finalists and the baseline."""
+
+    baseline: Config
+    values: dict[Config, list[float]] = field(default_factory=dict)  # epoch samples/s per round
+    results: dict[Config, list[TrialResult]] = field(default_factory=dict)
+
+    def median(self, config: Config) -> float | None:
+        vals = self.values.get(config)
+        return statistics.median(vals) if vals else None
+
+    def spread(self, config: Config) -> float:
+        """(max - min) / median of the rounds: the noise seen for this setting."""
+        vals = self.values.get(config) or []
+        if len(vals) < 2:
+            return 0.0
+        return (max(vals) - min(vals)) / statistics.median(vals)
+
+    @property
+    def winner(self) -> Config | None:
+        ranked = [c for c in self.values if self.values[c]]
+        return max(ranked, key=lambda c: self.median(c) or 0.0) if ranked else None
+
+    @property
+    def clearly_better(self) -> bool:
+        """The winner's worst round beats the baseline's best (needs two rounds of each)."""
+        win = self.winner
+        if win is None or win == self.baseline:
+            return False
+        ours, theirs = self.values.get(win, []), self.values.get(self.baseline, [])
+        if not theirs:  # the baseline failed every round it ran: anything that runs is better
+            return bool(self.results.get(self.baseline))
+        return len(ours) >= 2 and len(theirs) >= 2 and min(ours) > max(theirs)
+
+    @property
+    def within_noise(self) -> bool:
+        return not self.clearly_better
+
+    @property
+    def speedup(self) -> float | None:
+        win, base = self.winner, self.median(self.baseline)
+        if win is None or not base:
+            return None
+        best = self.median(win)
+        return best / base if best else None
+
+
+def confirm(
+    run: Callable[[Config], TrialResult],
+    finalists: Sequence[Config],
+    baseline: Config,
+    *,
+    rounds: int,
+    deadline: float,
+    trial_wall_s: float,
+) -> Confirmation:
+    """Measure ``finalists`` and ``baseline`` in ``rounds`` interleaved rounds (fewer if the
+    deadline, a ``time.monotonic()`` value, comes first). ``run`` measures one setting."""
+    configs = list(dict.fromkeys([*finalists, baseline]))
+    outcome = Confirmation(baseline=baseline)
+    for config in interleaved(configs, rounds):
+        if time.monotonic() + trial_wall_s > deadline:
+            break
+        result = run(config)
+        outcome.results.setdefault(config, []).append(result)
+        value = result.epoch_samples_per_s
+        outcome.values.setdefault(config, [])
+        if value is not None and not result.pruned:
+            outcome.values[config].append(value)
+    return outcome

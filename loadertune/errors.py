@@ -1,0 +1,59 @@
+"""The exceptions loadertune raises. All share :class:`LoadertuneError`.
+
+A failed *trial* is not an exception: it is recorded on the trial (see ``loadertune.failures``)
+and the search goes on. These exceptions are for what stops a whole call: bad input, the user's
+own bug, a recommendation file that cannot be read, an interrupted search.
+"""
+
+from __future__ import annotations
+
+
+class LoadertuneError(Exception):
+    """Base class of every error loadertune raises on purpose."""
+
+
+class ConfigError(LoadertuneError, ValueError):
+    """An argument or option is invalid. The message names the value and what to pass instead."""
+
+
+class UserCodeError(LoadertuneError):
+    """The user's own code failed in a way no DataLoader setting can fix.
+
+    Attributes:
+        kind: short machine-readable cause (``"dataset_error"``, ``"step_error"``, ``"script_error"``).
+        detail: the user's traceback, as text.
+    """
+
+    def __init__(self, message: str, *, kind: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.detail = detail
+
+    def __str__(self) -> str:
+        base = super().__str__()
+        return f"{base}\n\n{self.detail.rstrip()}" if self.detail else base
+
+
+class ScriptError(UserCodeError):
+    """A training script failed, or never iterated a DataLoader, for reasons of its own."""
+
+
+class RecommendationFileError(LoadertuneError):
+    """A recommendation file does not parse, has an unknown schema, or cannot be written."""
+
+
+class NoRecommendationError(LoadertuneError, LookupError):
+    """The recommendation file holds no entry for this machine."""
+
+
+class SearchInterrupted(LoadertuneError, KeyboardInterrupt):
+    """The search was stopped by Ctrl-C or SIGTERM; completed trials are kept in the study.
+
+    Subclasses ``KeyboardInterrupt`` so that code which handles Ctrl-C keeps working.
+    """
+
+    def __init__(self, message: str, *, study_name: str, storage: str, n_complete: int) -> None:
+        super().__init__(message)
+        self.study_name = study_name
+        self.storage = storage
+        self.n_complete = n_complete

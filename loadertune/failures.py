@@ -1,0 +1,170 @@
+"""Recognise why a trial failed, from what the DataLoader and the OS leave behind.
+
+Each failure gets a short machine-readable ``kind`` (the value of ``trial.error``), one line for
+the user and the fix. A failure is either *tuning data* (this setting is bad; the search goes on)
+or a *user bug* (the dataset, the step or the script fails whatever the setting; the search stops
+and shows the traceback). The texts matched here are the ones torch prints; see
+``tests/test_failures.py`` for each one produced for real.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import traceback
+from dataclasses import dataclass
+
+# Kinds that mean "this setting asks for too much"; a larger setting would fail the same way.
+RESOURCE_KINDS = frozenset(
+    {"worker_killed", "shm_exhausted", "too_many_files", "oom", "host_oom", "memory_budget"}
+)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a trial failed.
+
+    Attributes:
+        kind: short cause, e.g. ``"worker_killed"``, ``"timeout"``, ``"oom"``, ``"dataset_error"``.
+        message: one line saying what happened.
+        advice: what to do about it.
+        user_bug: True when no DataLoader setting can fix it; the search stops and shows ``detail``.
+        detail: the traceback or output behind it, as text.
+    """
+
+    kind: str
+    message: str
+    advice: str
+    user_bug: bool = False
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, object]:
+        return {"kind": self.kind, "message": self.message, "advice": self.advice,
+                "user_bug": self.user_bug, "detail": self.detail}
+
+
+# (kind, pattern, message, advice), tried in order against the exception text.
+_PATTERNS: list[tuple[str, str, str, str]] = [
+    ("shm_exhausted", r"killed by signal: Bus error|out of shared memory|No space left on device",
+     "a DataLoader worker ran out of shared memory (/dev/shm)",
+     "raise the shared memory limit (docker run --shm-size=8g), or use fewer workers or a "
+     "smaller prefetch_factor"),
+    ("worker_killed", r"killed by signal: Killed",
+     "a DataLoader worker was killed (SIGKILL), most likely by the out-of-memory killer",
+     "use fewer workers or a smaller prefetch_factor; keep the dataset's samples in numpy "
+     "arrays or tensors rather than Python lists and dicts (copy-on-read)"),
+    ("too_many_files", r"Too many open files|received 0 items of ancdata",
+     "the process ran out of file descriptors",
+     "raise the limit (ulimit -n 65536), or call "
+     "torch.multiprocessing.set_sharing_strategy('file_system')"),
+    ("timeout", r"DataLoader timed out after",
+     "no batch arrived in time: a worker hung or deadlocked",
+     "use the 'spawn' or 'forkserver' start method, set OMP_NUM_THREADS=1 and "
+     "cv2.setNumThreads(0) in worker_init_fn, and check the dataset for locks or network waits"),
+    ("cuda_in_fork", r"Cannot re-initialize CUDA in forked subprocess",
+     "the dataset uses CUDA inside a forked DataLoader worker",
+     "keep CUDA out of the dataset (move tensors to the GPU in the training step), or pass "
+     "multiprocessing_context='spawn'"),
+    ("oom", r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED",
+     "the GPU ran out of memory",
+     "use a smaller batch size (or AMP); each trial that hits this is recorded and skipped"),
+    ("pin_memory_thread", r"Pin memory thread exited unexpectedly",
+     "the pin-memory thread died",
+     "set pin_memory=False"),
+    ("worker_crashed", r"killed by signal|exited unexpectedly",
+     "a DataLoader worker died unexpectedly",
+     "run once with num_workers=0 to see the dataset's own error; then fewer workers"),
+]
+
+_WORKER_WRAP = re.compile(r"Caught (\w+) in DataLoader worker process (\d+)")
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def format_exception(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+
+
+def classify_text(text: str, *, where: str, detail: str = "") -> Failure:
+    """Classify an error from its text.
+
+    Args:
+        text: the exception's message (``str(exc)``), or a process's last output.
+        where: ``"loader"`` when it was raised by ``next()`` on the DataLoader, ``"step"`` when by
+            the user's step, ``"script"`` when by a script outside both.
+        detail: the full traceback, kept for the user.
+    """
+    for kind, pattern, message, advice in _PATTERNS:
+        if re.search(pattern, text):
+            return Failure(kind, message, advice, detail=detail or text)
+    if where == "loader":
+        wrapped = _WORKER_WRAP.search(text)
+        origin = f"{wrapped.group(1)} in DataLoader worker {wrapped.group(2)}" if wrapped else "an error"
+        return Failure(
+            "dataset_error",
+            f"the dataset raised {origin}; this is a bug in the dataset, not a tuning problem",
+            "fix the dataset: run it with num_workers=0 to debug the traceback below",
+            user_bug=True,
+            detail=detail or text,
+        )
+    first = text.strip().splitlines()[-1] if text.strip() else "an exception"
+    return Failure(
+        f"{where}_error",
+        f"the training {where} raised: {first[:200]}",
+        f"fix the {where}; the traceback is below",
+        user_bug=True,
+        detail=detail or text,
+    )
+
+
+def classify_exception(exc: BaseException, *, where: str) -> Failure:
+    """Classify an exception raised inside a trial (see :func:`classify_text` for ``where``)."""
+    detail = format_exception(exc)
+    if isinstance(exc, MemoryError):
+        return Failure("host_oom", "the process ran out of host memory (MemoryError)",
+                       "use fewer workers, a smaller prefetch_factor or a smaller batch size",
+                       detail=detail)
+    if isinstance(exc, OSError) and exc.errno == 24:  # EMFILE
+        return classify_text("Too many open files", where=where, detail=detail)
+    return classify_text(f"{type(exc).__name__}: {exc}", where=where, detail=detail)
+
+
+def classify_exit(returncode: int, *, output: str = "") -> Failure:
+    """Classify a trial process that ended without reporting a result."""
+    if returncode < 0:
+        sig = -returncode
+        if sig == signal.SIGKILL:
+            return Failure("host_oom", "the trial process was killed (SIGKILL), most likely by the "
+                           "out-of-memory killer", "use fewer workers, a smaller prefetch_factor "
+                           "or a smaller batch size", detail=output)
+        if sig == signal.SIGBUS:
+            return classify_text("killed by signal: Bus error", where="loader", detail=output)
+        return Failure("trial_crashed", f"the trial process died of {_signal_name(sig)}",
+                       "run the script once by hand with these settings to see the crash",
+                       detail=output)
+    if output:
+        found = classify_text(output, where="script", detail=output)
+        if not found.user_bug:
+            return found
+    return Failure("trial_crashed", f"the trial process exited with status {returncode} without "
+                   "a result", "run the script once by hand with these settings", detail=output)
+
+
+def hang(seconds: float) -> Failure:
+    """The watchdog saw no progress for ``seconds``."""
+    return Failure("timeout", f"no progress for {seconds:.0f} s: a worker or the step hung",
+                   _PATTERNS[3][3])
+
+
+def memory_budget(used_bytes: int, budget_bytes: int) -> Failure:
+    """The process tree's memory crossed the budget; the trial was stopped before the OOM killer."""
+    gib = 2**30
+    return Failure("memory_budget",
+                   f"host memory of the trial reached {used_bytes / gib:.1f} GiB, over the budget "
+                   f"of {budget_bytes / gib:.1f} GiB", "use fewer workers or a smaller prefetch "
+                   "factor, or raise the budget (memory_budget_fraction=)")

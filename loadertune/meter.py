@@ -1,0 +1,367 @@
+"""Time a training loop's consumption of batches: the measurement at the heart of every trial.
+
+:class:`Meter` is an iterator proxy. Whatever loop consumes it (loadertune's own in
+``tune_loader``, or an unmodified script's ``for batch in loader:``) is measured the same way::
+
+    meter = Meter(WindowSpec(warmup_batches=9, window_s=1.5), count=fixed_count(64))
+    for batch in meter.wrap(loader):
+        step(batch)            # the time until the next next() call is the step's
+    meter.result().samples_per_s
+
+Per batch the hot path costs two clock reads and a few additions (``scripts/bench_overhead.py``
+measures it). Phases: the first batch (worker start-up, timed alone), warm-up batches (the
+prefetch buffer drains to its steady level), then a time-based window split into sub-windows
+whose rates show the noise. The window ends at the first ``next()`` after ``window_s``; that call
+raises ``StopIteration`` (or calls ``on_done``, which may end the process).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    """How long to measure.
+
+    Attributes:
+        warmup_batches: batches consumed after the first one and before the window; at least the
+            batches in flight (``num_workers * prefetch_factor``) so a full buffer cannot inflate it.
+        window_s: seconds of the measured window.
+        min_window_batches: the window also lasts at least this many batches.
+        n_sub_windows: the window is split in this many equal-time parts, each reported.
+    """
+
+    warmup_batches: int
+    window_s: float
+    min_window_batches: int = 4
+    n_sub_windows: int = 4
+
+    def __post_init__(self) -> None:
+        if self.warmup_batches < 0 or self.window_s <= 0 or self.n_sub_windows < 1:
+            raise ValueError(f"invalid window: {self}")
+
+
+class Sink(Protocol):
+    """Who hears about a trial while it runs (the supervisor, in this process or another)."""
+
+    def event(self, name: str) -> None:
+        """``"first_batch"``, ``"window_start"``, ``"window_end"`` or ``"beat"`` (a heartbeat)."""
+
+    def progress(self, index: int, samples_per_s: float) -> bool:
+        """Sub-window ``index`` ended with this running rate; return False to stop (pruned)."""
+
+
+class NullSink:
+    def event(self, name: str) -> None:
+        pass
+
+    def progress(self, index: int, samples_per_s: float) -> bool:
+        return True
+
+
+@dataclass
+class Measurement:
+    """What one measured window showed. Rates count samples, not batches."""
+
+    samples_per_s: float  # steady state over the window
+    sub_window_samples_per_s: list[float]
+    blocked_fraction: float  # of the window's wall time spent waiting in next()
+    first_batch_s: float  # iter() to the first batch: worker start-up and first fetch
+    warmup_s: float
+    window_s: float
+    n_samples: int
+    n_batches: int
+    complete: bool  # the window ran its full length
+    stopped_early: bool = False  # a progress() call asked to stop (pruned)
+    reentry_s: list[float] = field(default_factory=list)  # first batch after each re-entry
+    blocked_cpu_fraction: float | None = None  # CPU time / wall time inside next(), if measured
+    step_s_per_batch: float = 0.0  # mean time between next() calls: the loop body
+
+    @property
+    def spread(self) -> float:
+        """Relative spread of the sub-window rates: (max - min) / median; 0 with one sub-window."""
+        rates = [r for r in self.sub_window_samples_per_s if r > 0]
+        if len(rates) < 2:
+            return 0.0
+        return (max(rates) - min(rates)) / statistics.median(rates)
+
+    @property
+    def low_confidence(self) -> bool:
+        return not self.complete or self.n_batches < 3
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["spread"] = self.spread
+        data["low_confidence"] = self.low_confidence
+        return data
+
+
+# ---------------------------------------------------------------------------------------------
+# Counting samples
+
+
+def structure_count(batch: Any) -> int:
+    """Samples in a batch of unknown size: the leading dimension of its first tensor-like leaf.
+
+    A list of plain objects (strings, dicts of scalars) counts its length.
+    """
+    shape = getattr(batch, "shape", None)
+    if shape is not None and len(shape) > 0:
+        return int(shape[0])
+    if isinstance(batch, Mapping):
+        return structure_count(next(iter(batch.values()))) if batch else 0
+    if isinstance(batch, (list, tuple)):
+        if batch and (getattr(batch[0], "shape", None) is not None or isinstance(batch[0], Mapping)):
+            return structure_count(batch[0])
+        return len(batch)
+    return 1
+
+
+def fixed_count(batch_size: int, epoch_samples: int | None = None, drop_last: bool = False
+                ) -> Callable[[Any, int], int]:
+    """Exact count for a regular batch sampler: ``batch_size`` except an epoch's short last batch."""
+    last = None
+    n_full = None
+    if epoch_samples is not None and not drop_last and epoch_samples % batch_size:
+        n_full, last = divmod(epoch_samples, batch_size)
+
+    def count(batch: Any, index_in_epoch: int) -> int:
+        return last if (last is not None and index_in_epoch == n_full) else batch_size
+
+    return count
+
+
+def structure_counter(batch: Any, index_in_epoch: int) -> int:
+    return structure_count(batch)
+
+
+# ---------------------------------------------------------------------------------------------
+# The meter
+
+_FIRST, _WARMUP, _OPENING, _WINDOW, _DONE = range(5)
+
+
+class Meter:
+    """An iterator proxy that measures the loop consuming it. See the module docstring.
+
+    Args:
+        spec: warm-up and window lengths.
+        count: ``count(batch, index_in_epoch) -> samples``.
+        sink: told about phases, heartbeats and sub-window progress.
+        sync: called before the clock is read at window boundaries (``torch.cuda.synchronize``
+            when CUDA is in use, so queued GPU work lands in the window it belongs to).
+        measure_cpu: also measure CPU time spent inside ``next()`` (for ``num_workers=0``, where
+            the loading runs in this thread; tells CPU-bound from I/O-bound loading).
+        beat_s: at most one heartbeat per this many seconds.
+        on_done: called with the result when the window ends, before ``StopIteration``.
+    """
+
+    def __init__(
+        self,
+        spec: WindowSpec,
+        *,
+        count: Callable[[Any, int], int] = structure_counter,
+        sink: Sink | None = None,
+        sync: Callable[[], None] | None = None,
+        measure_cpu: bool = False,
+        beat_s: float = 0.5,
+        on_done: Callable[[Measurement], None] | None = None,
+    ) -> None:
+        self.spec = spec
+        self._count = count
+        self._sink: Sink = sink or NullSink()
+        self._sync = sync
+        self._measure_cpu = measure_cpu
+        self._beat_s = beat_s
+        self._on_done = on_done
+        self._clock = time.perf_counter
+        self._it: Iterator[Any] | None = None
+        self._phase = _FIRST
+        self._result: Measurement | None = None
+        self._t_wrap = 0.0
+        self._index_in_epoch = 0
+        self._n_wraps = 0
+        self._paused_at: float | None = None
+        self._excluded = 0.0  # time between epochs (validation, logging), outside the window
+        self._reentry_s: list[float] = []
+        self._last_beat = -math.inf
+        self._warmup_left = spec.warmup_batches
+        self._first_batch_s = math.nan
+        self._warmup_start = 0.0
+        self._w_start = 0.0
+        self._w_blocked = 0.0
+        self._w_blocked_cpu = 0.0
+        self._w_samples = 0
+        self._w_batches = 0
+        self._sub_start = 0.0
+        self._sub_end = 0.0
+        self._sub_excluded = 0.0
+        self._sub_samples = 0
+        self._sub_rates: list[float] = []
+
+    def wrap(self, iterable: Iterable[Any]) -> Meter:
+        """Measure one epoch of ``iterable``; call again with the same loader for the next epoch.
+
+        ``iter(iterable)`` is called here, after the clock is read, so the start-up of
+        non-persistent workers counts in the first batch's time.
+        """
+        now = self._clock()
+        if self._paused_at is not None:
+            if self._phase == _WINDOW:  # the loop was elsewhere between two epochs (validation)
+                self._excluded += now - self._paused_at
+            self._paused_at = None
+        self._t_wrap = now
+        self._index_in_epoch = 0
+        self._n_wraps += 1
+        self._it = iter(iterable)
+        return self
+
+    def __iter__(self) -> Meter:
+        return self
+
+    @property
+    def done(self) -> bool:
+        return self._phase == _DONE
+
+    @property
+    def window_open(self) -> bool:
+        return self._phase == _WINDOW
+
+    def __next__(self) -> Any:
+        t0 = self._clock()
+        if self._phase == _OPENING:
+            t0 = self._open_window(t0)
+        elif self._phase == _WINDOW and t0 >= self._sub_end:
+            t0 = self._sub_window_boundary(t0)
+        phase = self._phase
+        if phase == _DONE:
+            raise StopIteration
+        if t0 - self._last_beat >= self._beat_s:
+            self._last_beat = t0
+            self._sink.event("beat")
+        if self._it is None:
+            raise RuntimeError("Meter.wrap(iterator) must be called before iterating")
+        c0 = time.thread_time() if self._measure_cpu else 0.0
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            self._paused_at = t0
+            raise
+        t1 = self._clock()
+        index = self._index_in_epoch
+        self._index_in_epoch = index + 1
+        # The first batch of an epoch waited since iter() (in wrap): worker start-up included.
+        waited = t1 - (self._t_wrap if index == 0 else t0)
+        if index == 0 and self._n_wraps > 1:
+            self._reentry_s.append(waited)
+        if phase == _WINDOW:
+            self._w_blocked += waited
+            if self._measure_cpu:
+                self._w_blocked_cpu += time.thread_time() - c0
+            n = self._count(batch, index)
+            self._w_samples += n
+            self._sub_samples += n
+            self._w_batches += 1
+        elif phase == _WARMUP:
+            self._warmup_left -= 1
+            if self._warmup_left <= 0:
+                self._phase = _OPENING
+        else:  # _FIRST
+            self._first_batch_s = t1 - self._t_wrap
+            self._warmup_start = t1
+            self._sink.event("first_batch")
+            self._phase = _WARMUP if self._warmup_left > 0 else _OPENING
+        return batch
+
+    # The window opens at the start of the next() call after the last warm-up batch, so that
+    # batch's step stays outside it, and closes at the start of a next() call, after a step.
+
+    def _open_window(self, t0: float) -> float:
+        if self._sync is not None:
+            self._sync()
+            t0 = self._clock()
+        self._sink.event("window_start")
+        self._w_start = self._sub_start = t0
+        self._sub_excluded = self._excluded
+        self._sub_end = t0 + self.spec.window_s / self.spec.n_sub_windows
+        self._phase = _WINDOW
+        return t0
+
+    def _close_sub_window(self, t: float) -> None:
+        elapsed = t - self._sub_start - (self._excluded - self._sub_excluded)
+        if self._sub_samples or elapsed > 0:
+            self._sub_rates.append(self._sub_samples / elapsed if elapsed > 0 else 0.0)
+        self._sub_samples = 0
+        self._sub_start = t
+        self._sub_excluded = self._excluded
+
+    def _sub_window_boundary(self, t0: float) -> float:
+        if self._sync is not None:
+            self._sync()
+            t0 = self._clock()
+        self._close_sub_window(t0)
+        elapsed = t0 - self._w_start - self._excluded
+        running = self._w_samples / elapsed if elapsed > 0 else 0.0
+        keep_going = self._sink.progress(len(self._sub_rates) - 1, running)
+        full = elapsed >= self.spec.window_s and self._w_batches >= self.spec.min_window_batches
+        if full or not keep_going:
+            self._finish(t0, complete=full, stopped_early=not full)
+            return t0
+        t_back = self._clock()  # the sink's own time is not the loop's: leave it out
+        self._excluded += t_back - t0
+        self._sub_end = t_back + self.spec.window_s / self.spec.n_sub_windows
+        return t_back
+
+    def _finish(self, t_end: float, *, complete: bool, stopped_early: bool = False) -> None:
+        window = t_end - self._w_start - self._excluded
+        self._phase = _DONE
+        self._sink.event("window_end")
+        blocked = self._w_blocked
+        self._result = Measurement(
+            samples_per_s=self._w_samples / window if window > 0 else 0.0,
+            sub_window_samples_per_s=list(self._sub_rates),
+            blocked_fraction=min(1.0, blocked / window) if window > 0 else 0.0,
+            first_batch_s=self._first_batch_s,
+            warmup_s=max(0.0, self._w_start - self._warmup_start),
+            window_s=window,
+            n_samples=self._w_samples,
+            n_batches=self._w_batches,
+            complete=complete,
+            stopped_early=stopped_early,
+            reentry_s=list(self._reentry_s),
+            blocked_cpu_fraction=(self._w_blocked_cpu / blocked
+                                  if self._measure_cpu and blocked > 0 else None),
+            step_s_per_batch=(window - blocked) / self._w_batches if self._w_batches else 0.0,
+        )
+        if self._on_done is not None:
+            self._on_done(self._result)
+
+    def finish_now(self) -> Measurement | None:
+        """End the window where it stands (the loop ran out of data); None if it never opened."""
+        if self._result is not None:
+            return self._result
+        if self._phase != _WINDOW:
+            return None
+        t = self._paused_at if self._paused_at is not None else self._clock()
+        if self._sync is not None and self._paused_at is None:
+            self._sync()
+            t = self._clock()
+        self._close_sub_window(t)
+        self._finish(t, complete=False)
+        return self._result
+
+    def release(self) -> None:
+        """Drop the current epoch's iterator (a DataLoader iterator shuts its workers down)."""
+        self._it = None
+
+    def result(self) -> Measurement:
+        """The measurement; raises RuntimeError before the window has ended."""
+        if self._result is None:
+            raise RuntimeError("the window has not ended; iterate until StopIteration first")
+        return self._result

@@ -1,0 +1,166 @@
+"""The cheap first probe: per-sample costs, stage ceilings, and the settings worth trying first.
+
+Three measurements at the user's batch size feed it:
+
+- ``num_workers=0``: loading runs inside ``next()`` in the main thread, so the blocked time per
+  sample is the cost of producing a sample, and its CPU share tells computing from waiting (I/O).
+- ``num_workers=1``: the cost of a sample in a worker, inter-process transfer included, and a
+  worker's memory.
+- replay: one cached batch fed to the step again and again: the consumer's rate with loading
+  taken away (and its CPU use).
+
+From these, the barrel principle gives the ceilings (loader, consumer, the CPUs they share) and
+the number of workers needed to reach the lowest one; the search starts around it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from loadertune.space import Config, SearchSpace
+from loadertune.trial import TrialResult
+
+IO_BOUND_CPU_FRACTION = 0.5  # loading that computes less than half the time it takes waits on I/O
+
+
+@dataclass(frozen=True)
+class Estimates:
+    """Per-sample costs and the ceilings they imply (rates in samples/s).
+
+    Attributes:
+        load_s_per_sample: wall time to produce one sample in the main process (``num_workers=0``).
+        load_cpu_fraction: CPU time / wall time of that loading; low means it waits on I/O.
+        worker_s_per_sample: wall time per sample with one worker, transfer included.
+        step_s_per_sample: the consumer's time per sample (replay).
+        step_cpu_per_sample: CPU seconds per sample the main process spends in the step.
+        usable_cpus: CPUs the process tree can use.
+        max_workers: the space's cap.
+        consumer_ceiling: the step's rate with data already in memory.
+        loader_ceiling: the most the loader can produce with ``max_workers`` on these CPUs.
+        cpu_ceiling: the rate at which loading and step together use every usable CPU.
+        transfer_ceiling: host-to-device rate (GPU only), or None.
+    """
+
+    load_s_per_sample: float
+    load_cpu_fraction: float
+    worker_s_per_sample: float
+    step_s_per_sample: float
+    step_cpu_per_sample: float
+    usable_cpus: int
+    max_workers: int
+    consumer_ceiling: float
+    loader_ceiling: float
+    cpu_ceiling: float
+    transfer_ceiling: float | None = None
+
+    @property
+    def io_bound(self) -> bool:
+        return self.load_cpu_fraction < IO_BOUND_CPU_FRACTION
+
+    @property
+    def achievable(self) -> float:
+        """The lowest ceiling: no setting of the loader can beat it."""
+        ceilings = [self.consumer_ceiling, self.loader_ceiling, self.cpu_ceiling]
+        if self.transfer_ceiling:
+            ceilings.append(self.transfer_ceiling)
+        return min(c for c in ceilings if c > 0)
+
+    @property
+    def limiting_stage(self) -> str:
+        named = {"consumer": self.consumer_ceiling, "loader": self.loader_ceiling,
+                 "cpu": self.cpu_ceiling}
+        if self.transfer_ceiling:
+            named["transfer"] = self.transfer_ceiling
+        return min(named, key=lambda k: named[k])
+
+    def workers_needed(self) -> int:
+        """Workers that produce the achievable rate (at least 1)."""
+        return max(1, math.ceil(self.achievable * self.worker_s_per_sample * 1.05))
+
+    def predicted_samples_per_s(self, num_workers: int) -> float:
+        """The barrel model's rate for ``num_workers`` (0: loading and step take turns)."""
+        if num_workers == 0:
+            return 1.0 / (self.load_s_per_sample + self.step_s_per_sample)
+        loader = num_workers / self.worker_s_per_sample
+        cpu_for_loading = self.load_cpu_fraction * self.worker_s_per_sample
+        if cpu_for_loading > 0:
+            loader = min(loader, self.usable_cpus / cpu_for_loading)
+        return min(loader, self.consumer_ceiling, self.cpu_ceiling)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(io_bound=self.io_bound, achievable=self.achievable,
+                    limiting_stage=self.limiting_stage, workers_needed=self.workers_needed())
+        return data
+
+
+def _per_sample(result: TrialResult, fraction: float) -> float:
+    m = result.measurement
+    assert m is not None and m.n_samples > 0
+    return fraction * m.window_s / m.n_samples
+
+
+def estimate(*, w0: TrialResult, w1: TrialResult | None, replay: TrialResult, usable_cpus: int,
+             max_workers: int, transfer_ceiling: float | None = None) -> Estimates:
+    """Estimates from the probe's trials (each must have succeeded)."""
+    assert w0.measurement is not None and replay.measurement is not None
+    load = _per_sample(w0, w0.measurement.blocked_fraction)
+    cpu_fraction = w0.measurement.blocked_cpu_fraction
+    cpu_fraction = 1.0 if cpu_fraction is None else min(1.0, cpu_fraction)
+    consumer = replay.measurement.samples_per_s
+    step = 1.0 / consumer if consumer > 0 else 0.0
+    main_cpu = (replay.resources.cpu_percent_main if replay.resources else None) or 100.0
+    step_cpu = min(step * usable_cpus, step * main_cpu / 100.0)
+    worker = load
+    if w1 is not None and w1.measurement is not None and w1.samples_per_s:
+        # Input-bound with one worker: its rate is the worker's; otherwise it kept up, and the
+        # in-process cost is the better estimate of what a worker spends per sample.
+        if w1.measurement.blocked_fraction > 0.2:
+            worker = max(load, 1.0 / w1.samples_per_s)
+    load_cpu = load * cpu_fraction
+    loader_ceiling = max_workers / worker if worker > 0 else math.inf
+    if load_cpu > 0:
+        loader_ceiling = min(loader_ceiling, usable_cpus / load_cpu)
+    per_sample_cpu = load_cpu + step_cpu
+    cpu_ceiling = usable_cpus / per_sample_cpu if per_sample_cpu > 0 else math.inf
+    return Estimates(
+        load_s_per_sample=load,
+        load_cpu_fraction=cpu_fraction,
+        worker_s_per_sample=worker,
+        step_s_per_sample=step,
+        step_cpu_per_sample=step_cpu,
+        usable_cpus=usable_cpus,
+        max_workers=max_workers,
+        consumer_ceiling=consumer,
+        loader_ceiling=loader_ceiling,
+        cpu_ceiling=cpu_ceiling,
+        transfer_ceiling=transfer_ceiling,
+    )
+
+
+def seed_configs(est: Estimates, space: SearchSpace, *, batch_size: int,
+                 epoch_length_known: bool, limit: int = 6) -> list[Config]:
+    """The settings to try first, most promising first, all inside ``space``."""
+    pin = True in space.pin_memory
+    persist = epoch_length_known and True in space.persistent_workers
+    need = min(est.workers_needed(), space.max_workers)
+    wanted: list[Config] = []
+    if need == 0 or space.max_workers == 0:
+        wanted.append(Config(batch_size, 0, None, pin))
+    else:
+        for w, pf in ((need, 2), (need + 1, 2), (need - 1, 2), (need, 4),
+                      (min(space.max_workers, est.usable_cpus), 2), (need, 1)):
+            if w >= 1:
+                wanted.append(Config(batch_size, min(w, space.max_workers), pf, pin, persist))
+    for bs in space.batch_sizes:  # every other batch size once, at the estimated workers
+        if bs != batch_size:
+            w = max(need, 1) if space.max_workers else 0
+            wanted.append(Config(bs, w, 2 if w else None, pin, persist and w > 0))
+    seeds: list[Config] = []
+    for config in wanted:
+        config = space.nearest(config)
+        if config not in seeds and space.rejects(config) is None:
+            seeds.append(config)
+    return seeds[:limit]

@@ -1,0 +1,193 @@
+"""What the user sees: a live view while searching, and the result tables after.
+
+In a terminal the live view is a small rich panel (trial in progress, best so far, budget left),
+redrawn at each event rather than by a timer thread, so it costs the measured loop nothing. When
+stdout is not a terminal it prints one plain line per trial instead.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from loadertune.space import Config
+from loadertune.trial import TrialResult
+
+if TYPE_CHECKING:
+    from loadertune.api import Recommendation
+
+MIB = 2**20
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"
+
+
+def trial_line(result: TrialResult) -> str:
+    """One line per trial: phase, setting, rate or cause."""
+    m = result.measurement
+    if result.failure is not None:
+        what = f"FAILED {result.failure.kind}: {result.failure.message}"
+    elif result.skipped:
+        what = f"skipped: {result.skipped}"
+    else:
+        what = f"{_rate(result.samples_per_s)} samples/s"
+        if m is not None:
+            what += f"  blocked {_pct(m.blocked_fraction)}  spread {_pct(m.spread)}"
+        if result.pruned:
+            what += "  (pruned)"
+    return f"{result.phase:<8} {result.config.label():<32} {what}"
+
+
+class LiveView:
+    """An :class:`loadertune.search.Observer` that shows the search as it runs."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or Console(stderr=True)
+        self._live: Live | None = None
+        self._deadline = 0.0
+        self._phase = ""
+        self._current: str | None = None
+        self._best: TrialResult | None = None
+        self._n = 0
+        self._last: list[str] = []
+
+    def __enter__(self) -> LiveView:
+        if self.console.is_terminal:
+            self._live = Live(self._render(), console=self.console, auto_refresh=False,
+                              transient=False)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.__exit__(None, None, None)
+            self._live = None
+
+    def _render(self) -> Group:
+        left = max(0.0, self._deadline - time.monotonic())
+        head = Text(f"loadertune · {self._phase or 'starting'} · trial {self._n} · "
+                    f"{left:.0f} s of budget left", style="bold")
+        best = (f"best so far: {self._best.config.label()}  {_rate(self._best.epoch_samples_per_s)} samples/s"
+                if self._best else "best so far: -")
+        now = f"running: {self._current}" if self._current else ""
+        return Group(head, Text(best), Text(now), *[Text(line, style="dim") for line in self._last[-5:]])
+
+    def _refresh(self) -> None:
+        if self._live is not None:
+            self._live.update(self._render(), refresh=True)
+
+    def search_started(self, deadline: float, budget_s: float) -> None:
+        self._deadline = deadline
+        if self._live is None:
+            self.console.print(f"loadertune: searching for up to {budget_s:.0f} s", soft_wrap=True)
+        self._refresh()
+
+    def phase(self, name: str) -> None:
+        self._phase = name
+        self._refresh()
+
+    def trial_started(self, config: Config, phase: str) -> None:
+        self._n += 1
+        self._current = f"{phase} {config.label()}"
+        self._refresh()
+
+    def trial_finished(self, result: TrialResult, best: TrialResult | None) -> None:
+        self._best = best
+        self._current = None
+        line = trial_line(result)
+        self._last.append(line)
+        if self._live is None:
+            self.console.print(line, highlight=False, soft_wrap=True)
+        self._refresh()
+
+
+def _column(kwargs: dict[str, Any] | None, fig: dict[str, Any] | None,
+            diag: dict[str, Any] | None) -> list[str]:
+    setting = Config.from_kwargs(kwargs).label() if kwargs and "batch_size" in kwargs else str(kwargs)
+    fig = fig or {}
+    cpu, cpu_w, gpu = fig.get("cpu_percent_main"), fig.get("cpu_percent_workers"), fig.get("gpu_util_mean")
+    return [
+        setting,
+        _rate(fig.get("samples_per_s")),
+        _rate(fig.get("epoch_samples_per_s")),
+        _pct(fig.get("spread")),
+        _pct(fig.get("blocked_fraction")),
+        (diag or {}).get("bottleneck") or "-",
+        "-" if cpu is None else f"{cpu:.0f}% + {cpu_w or 0:.0f}%",
+        "-" if fig.get("pss_bytes") is None else f"{fig['pss_bytes'] / MIB:,.0f} MiB",
+        "-" if gpu is None else f"{gpu:.0f}%",
+    ]
+
+
+_SUMMARY_ROWS = ("setting", "samples/s (steady)", "samples/s (per epoch)", "spread over rounds",
+                 "blocked on data", "bottleneck", "CPU main + workers", "memory (PSS)",
+                 "GPU utilization")
+
+
+def summary_table(rec: Recommendation) -> Table:
+    """Baseline beside winner: rate, noise, blocked fraction, bottleneck, CPU, memory, GPU."""
+    table = Table(title=f"loadertune on {rec.hardware.describe()}", title_justify="left")
+    table.add_column("")
+    table.add_column("baseline (yours)")
+    table.add_column("winner", style="bold")
+    base = _column(rec.baseline_kwargs, rec.baseline, rec.diagnosis.get("baseline"))
+    win = _column(rec.loader_kwargs, rec.winner, rec.diagnosis.get("winner"))
+    for name, b, w in zip(_SUMMARY_ROWS, base, win):
+        table.add_row(name, b, w)
+    return table
+
+
+def summary_lines(rec: Recommendation) -> list[str]:
+    lines = []
+    if rec.speedup is not None:
+        verdict = ("within the noise of your settings: keep them, or take the winner for free"
+                   if rec.within_noise else "clearly faster than your settings")
+        lines.append(f"speed-up {rec.speedup:.2f}x per epoch ({verdict})")
+    ceiling = rec.diagnosis.get("ceiling_samples_per_s")
+    if ceiling:
+        stage = rec.diagnosis.get("ceilings", {}).get("limiting_stage", "?")
+        lines.append(f"estimated ceiling {ceiling:,.0f} samples/s (limited by the {stage}); "
+                     f"the winner reaches {rec.diagnosis.get('percent_of_ceiling', 0):.0f}% of it")
+    at_bs = rec.best_at_batch_size
+    if at_bs and at_bs.get("loader_kwargs", {}).get("batch_size") != rec.loader_kwargs.get("batch_size"):
+        lines.append(f"best at your batch size: {Config.from_kwargs(at_bs['loader_kwargs']).label()} "
+                     f"{_rate(at_bs.get('samples_per_s'))} samples/s; the winner changes the batch "
+                     "size, so scale the learning rate with it (linearly or by its square root)")
+    s = rec.search
+    lines.append(f"{s['n_trials']} trials in {s['elapsed_s']:.0f} s, stopped: {s['stop_reason']}; "
+                 f"study {s['study_name']!r} in {s['storage']}")
+    for advice in rec.diagnosis.get("advice", []):
+        lines.append(f"advice: {advice}")
+    return lines
+
+
+def trials_table(trials: list[TrialResult]) -> Table:
+    table = Table(title="trials", title_justify="left")
+    for col in ("#", "phase", "setting", "samples/s", "per epoch", "blocked", "status"):
+        table.add_column(col)
+    for i, t in enumerate(trials, 1):
+        m = t.measurement
+        status = t.status if t.failure is None else f"{t.failure.kind}: {t.failure.message}"
+        table.add_row(str(i), t.phase, t.config.label(), _rate(t.samples_per_s),
+                      _rate(t.epoch_samples_per_s), _pct(m.blocked_fraction) if m else "-", status)
+    return table
+
+
+def print_summary(rec: Recommendation, console: Console | None = None, *, trials: bool = False) -> None:
+    console = console or Console()
+    if trials:
+        console.print(trials_table(rec.trials))
+    console.print(summary_table(rec))
+    for line in summary_lines(rec):
+        console.print(line, highlight=False, soft_wrap=True)
+    console.print(f"use: DataLoader(dataset, **{rec.loader_kwargs})", highlight=False, soft_wrap=True)

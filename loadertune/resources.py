@@ -1,0 +1,217 @@
+"""CPU, host memory and GPU use of a trial's process tree, sampled from outside the hot loop.
+
+A :class:`ResourceSampler` runs in the supervising process (a thread beside an in-process trial,
+or the parent of a script trial). It watches ``root_pid`` and all its descendants (the DataLoader
+workers). Reading PSS costs about 5 ms per process, so PSS is read only at the window's ends and to
+confirm a suspected budget breach; the periodic check sums RSS (an overestimate: shared pages
+count once per process). GPU utilization comes from NVML's own sample buffer over the window,
+with polling as a fallback for devices that cannot report it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import psutil
+
+from loadertune import nvml
+
+
+@dataclass
+class ResourceUsage:
+    """Resources a trial used during its measured window. 100% CPU = one CPU busy."""
+
+    cpu_percent_main: float | None = None
+    cpu_percent_workers: float | None = None
+    n_workers: int = 0
+    pss_bytes: int | None = None  # main + workers, at the window's end
+    worker_pss_bytes: int | None = None  # mean per worker, at the window's end
+    worker_uss_growth_bytes_per_s: float | None = None  # sum over workers; >0 = copy-on-read
+    rss_peak_bytes: int = 0  # highest RSS sum seen (an upper bound of real use)
+    gpu_index: int | None = None
+    gpu_util_percent: list[int] = field(default_factory=list)  # NVML samples in the window
+
+    @property
+    def gpu_util_mean(self) -> float | None:
+        return statistics.fmean(self.gpu_util_percent) if self.gpu_util_percent else None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["gpu_util_mean"] = self.gpu_util_mean
+        return data
+
+
+def process_tree(root: psutil.Process) -> list[psutil.Process]:
+    """``root`` and its live descendants."""
+    try:
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _sum_rss(procs: list[psutil.Process]) -> int:
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+def _memory_full(procs: list[psutil.Process]) -> dict[int, tuple[int, int]]:
+    """pid -> (pss, uss) for each process still alive."""
+    out = {}
+    for p in procs:
+        try:
+            info = p.memory_full_info()
+            out[p.pid] = (int(getattr(info, "pss", info.rss)), int(info.uss))
+        except psutil.Error:
+            pass
+    return out
+
+
+def tree_pss(root_pid: int) -> int:
+    """PSS summed over ``root_pid`` and its descendants (0 if it is gone)."""
+    try:
+        procs = process_tree(psutil.Process(root_pid))
+    except psutil.Error:
+        return 0
+    return sum(pss for pss, _ in _memory_full(procs).values())
+
+
+def _cpu_seconds(procs: list[psutil.Process]) -> dict[int, float]:
+    out = {}
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            out[p.pid] = t.user + t.system
+        except psutil.Error:
+            pass
+    return out
+
+
+@dataclass
+class _Snapshot:
+    wall: float
+    cpu: dict[int, float]
+    memory: dict[int, tuple[int, int]] | None = None
+
+
+class ResourceSampler:
+    """Sample a process tree while a trial runs.
+
+    Args:
+        root_pid: the trial's main process (this one, for an in-process trial).
+        interval_s: period of the RSS budget check and of NVML polling.
+        budget_bytes: stop the trial when the tree's PSS exceeds this (None: no check).
+        on_budget: called once, from the sampler thread, with the PSS that crossed the budget.
+        gpu_index: NVML index of the trial's GPU, or None without one.
+    """
+
+    def __init__(
+        self,
+        root_pid: int,
+        *,
+        interval_s: float = 0.25,
+        budget_bytes: int | None = None,
+        on_budget: Callable[[int], None] | None = None,
+        gpu_index: int | None = None,
+    ) -> None:
+        self._root = psutil.Process(root_pid)
+        self._interval_s = interval_s
+        self._budget = budget_bytes
+        self._on_budget = on_budget
+        self.gpu_index = gpu_index
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._want_start = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="loadertune-sampler", daemon=True)
+        self._start: _Snapshot | None = None
+        self._start_unix_us = 0
+        self._polled: list[int] = []
+        self._window_open = False
+        self.usage = ResourceUsage(gpu_index=gpu_index)
+        self.budget_hit: int | None = None
+
+    def __enter__(self) -> ResourceSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=5)
+
+    def window_started(self) -> None:
+        """Mark the window's start; the snapshot is taken by the sampler thread, not the caller."""
+        self._start_unix_us = int(time.time() * 1e6)
+        self._window_open = True
+        self._want_start.set()
+        self._wake.set()
+
+    def window_ended(self) -> ResourceUsage:
+        """Snapshot the tree now (workers must still be alive) and return the window's usage."""
+        self._window_open = False
+        end_unix_us = int(time.time() * 1e6)
+        procs = process_tree(self._root)
+        end = _Snapshot(time.monotonic(), _cpu_seconds(procs), _memory_full(procs))
+        start = self._start
+        u = self.usage
+        workers = [pid for pid in end.cpu if pid != self._root.pid]
+        u.n_workers = len(workers)
+        if start is not None and end.wall > start.wall:
+            wall = end.wall - start.wall
+
+            def percent(pids: list[int]) -> float:
+                busy = sum(end.cpu[p] - start.cpu.get(p, end.cpu[p]) for p in pids)
+                return 100.0 * busy / wall
+
+            u.cpu_percent_main = percent([self._root.pid]) if self._root.pid in end.cpu else None
+            u.cpu_percent_workers = percent(workers)
+            if start.memory is not None and end.memory is not None:
+                common = [p for p in workers if p in start.memory and p in end.memory]
+                if common:
+                    growth = sum(end.memory[p][1] - start.memory[p][1] for p in common)
+                    u.worker_uss_growth_bytes_per_s = growth / wall
+        if end.memory:
+            u.pss_bytes = sum(pss for pss, _ in end.memory.values())
+            worker_pss = [end.memory[p][0] for p in workers if p in end.memory]
+            u.worker_pss_bytes = int(statistics.fmean(worker_pss)) if worker_pss else None
+        u.rss_peak_bytes = max(u.rss_peak_bytes, _sum_rss(procs))
+        if self.gpu_index is not None:
+            samples = nvml.utilization_samples(self.gpu_index, self._start_unix_us)
+            if samples is not None:
+                u.gpu_util_percent = [v for ts, v in samples if ts <= end_unix_us]
+            else:
+                u.gpu_util_percent = list(self._polled)
+        return u
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self._interval_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            if self._want_start.is_set():
+                self._want_start.clear()
+                procs = process_tree(self._root)
+                self._start = _Snapshot(time.monotonic(), _cpu_seconds(procs), _memory_full(procs))
+            procs = process_tree(self._root)
+            rss = _sum_rss(procs)
+            self.usage.rss_peak_bytes = max(self.usage.rss_peak_bytes, rss)
+            if self._budget is not None and rss > self._budget and self.budget_hit is None:
+                pss = sum(p for p, _ in _memory_full(procs).values())  # RSS overcounts; confirm
+                if pss > self._budget:
+                    self.budget_hit = pss
+                    if self._on_budget is not None:
+                        self._on_budget(pss)
+            if self._window_open and self.gpu_index is not None:
+                value = nvml.utilization_now(self.gpu_index)
+                if value is not None:
+                    self._polled.append(value)

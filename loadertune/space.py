@@ -1,0 +1,223 @@
+"""DataLoader settings (:class:`Config`) and the space of them worth trying on this machine.
+
+The space comes from the hardware and from what the first probe measured: ``num_workers`` runs
+from 0 to a cap set by the usable CPUs (higher when loading waits on I/O rather than computing),
+by host RAM per worker and by ``/dev/shm``, which holds every batch in flight
+(``num_workers * prefetch_factor`` of them). ``pin_memory`` is searched only with CUDA, and
+``persistent_workers`` only when the epoch length is known (its benefit is a per-epoch saving).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from loadertune.errors import ConfigError
+
+TUNED_KEYS = ("batch_size", "num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
+TORCH_DEFAULT_PREFETCH = 2  # what DataLoader uses when num_workers > 0 and prefetch_factor=None
+DEFAULT_BATCH_SIZES = (16, 32, 64, 128, 256, 512)
+DEFAULT_PREFETCH_FACTORS = (1, 2, 4, 8)
+MAX_WORKERS_HARD = 256
+
+
+@dataclass(frozen=True, order=True)
+class Config:
+    """One DataLoader setting. Invalid combinations raise ``ConfigError`` on construction.
+
+    ``prefetch_factor`` is None exactly when ``num_workers == 0`` (DataLoader's own rule);
+    with workers and no value it becomes torch's default, 2.
+    """
+
+    batch_size: int
+    num_workers: int = 0
+    prefetch_factor: int | None = None
+    pin_memory: bool = False
+    persistent_workers: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ConfigError(f"batch_size must be a positive int, but got {self.batch_size=}.")
+        if not isinstance(self.num_workers, int) or self.num_workers < 0:
+            raise ConfigError(f"num_workers must be an int >= 0, but got {self.num_workers=}.")
+        if self.num_workers == 0:
+            if self.prefetch_factor is not None:
+                raise ConfigError("prefetch_factor needs num_workers > 0, but got "
+                                  f"{self.prefetch_factor=} with num_workers=0.")
+            if self.persistent_workers:
+                raise ConfigError("persistent_workers=True needs num_workers > 0.")
+        elif self.prefetch_factor is None:
+            object.__setattr__(self, "prefetch_factor", TORCH_DEFAULT_PREFETCH)
+        elif self.prefetch_factor < 1:
+            raise ConfigError(f"prefetch_factor must be >= 1, but got {self.prefetch_factor=}.")
+
+    @classmethod
+    def from_kwargs(cls, kwargs: Mapping[str, Any], *, batch_size: int | None = None) -> Config:
+        """Build from DataLoader keyword arguments; other keys are ignored."""
+        picked = {k: kwargs[k] for k in TUNED_KEYS if k in kwargs and kwargs[k] is not None}
+        if "batch_size" not in picked:
+            if batch_size is None:
+                raise ConfigError("batch_size is missing; pass it in the settings.")
+            picked["batch_size"] = batch_size
+        return cls(**picked)
+
+    def loader_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``torch.utils.data.DataLoader``, under DataLoader's own names."""
+        kwargs = asdict(self)
+        if self.num_workers == 0:
+            del kwargs["prefetch_factor"]
+        return kwargs
+
+    @property
+    def in_flight_batches(self) -> int:
+        """Batches produced ahead of the training loop: ``num_workers * prefetch_factor``."""
+        return self.num_workers * (self.prefetch_factor or 0)
+
+    def label(self) -> str:
+        """Short human form, e.g. ``bs=64 w=4 pf=2 pin persist``."""
+        parts = [f"bs={self.batch_size}", f"w={self.num_workers}"]
+        if self.num_workers:
+            parts.append(f"pf={self.prefetch_factor}")
+        if self.pin_memory:
+            parts.append("pin")
+        if self.persistent_workers:
+            parts.append("persist")
+        return " ".join(parts)
+
+
+def normalize_batch_sizes(batch_size: int | Iterable[int] | None) -> tuple[int, ...]:
+    """The candidates: the int itself, the sorted list, or powers of two when None."""
+    if batch_size is None:
+        return DEFAULT_BATCH_SIZES
+    if isinstance(batch_size, bool):
+        raise ConfigError(f"batch_size must be an int or a list of ints, but got {batch_size=}.")
+    if isinstance(batch_size, int):
+        values: tuple[int, ...] = (batch_size,)
+    else:
+        values = tuple(batch_size)
+        if not values:
+            raise ConfigError("batch_size is an empty list; give at least one candidate.")
+    bad = [v for v in values if isinstance(v, bool) or not isinstance(v, int) or v < 1]
+    if bad:
+        raise ConfigError(f"every batch size must be a positive int, but got {bad} in {batch_size!r}.")
+    return tuple(sorted(set(values)))
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The settings a search may try.
+
+    Attributes:
+        batch_sizes: candidates, ascending.
+        max_workers: the highest ``num_workers``.
+        prefetch_factors: candidates for ``prefetch_factor`` (with workers only).
+        pin_memory: candidates (``(False,)`` without CUDA).
+        persistent_workers: candidates (``(False,)`` or fixed when the epoch length is unknown).
+        max_in_flight_bytes: bytes that batches in flight may take (shared memory and RAM); a
+            setting over it is never tried. None: no limit known.
+        bytes_per_sample: size of one collated sample, measured by the probe.
+        limits: why ``max_workers`` is what it is (for the report).
+    """
+
+    batch_sizes: tuple[int, ...]
+    max_workers: int
+    prefetch_factors: tuple[int, ...] = DEFAULT_PREFETCH_FACTORS
+    pin_memory: tuple[bool, ...] = (False,)
+    persistent_workers: tuple[bool, ...] = (False, True)
+    max_in_flight_bytes: float | None = None
+    bytes_per_sample: float | None = None
+    limits: dict[str, int] = field(default_factory=dict, compare=False)
+
+    def in_flight_bytes(self, config: Config) -> float | None:
+        if self.bytes_per_sample is None:
+            return None
+        return config.in_flight_batches * config.batch_size * self.bytes_per_sample
+
+    def rejects(self, config: Config) -> str | None:
+        """Why ``config`` is outside the space, or None when it may be tried."""
+        if config.batch_size not in self.batch_sizes:
+            return f"batch_size {config.batch_size} is not a candidate {self.batch_sizes}"
+        if config.num_workers > self.max_workers:
+            return f"num_workers {config.num_workers} > max_workers {self.max_workers}"
+        if config.num_workers:
+            if config.prefetch_factor not in self.prefetch_factors:
+                return f"prefetch_factor {config.prefetch_factor} is not a candidate"
+            if config.persistent_workers not in self.persistent_workers:
+                return f"persistent_workers={config.persistent_workers} is not searched"
+        if config.pin_memory not in self.pin_memory:
+            return "pin_memory needs CUDA" if config.pin_memory else "pin_memory=False is not searched"
+        in_flight = self.in_flight_bytes(config)
+        if self.max_in_flight_bytes is not None and in_flight is not None and in_flight > self.max_in_flight_bytes:
+            return (f"{config.in_flight_batches} batches in flight need {in_flight / 2**20:.0f} MiB, "
+                    f"over the {self.max_in_flight_bytes / 2**20:.0f} MiB shared-memory budget")
+        return None
+
+    def configs(self) -> list[Config]:
+        """Every setting in the space (the exhaustive grid)."""
+        out = []
+        for bs, pin in itertools.product(self.batch_sizes, self.pin_memory):
+            out.append(Config(bs, 0, None, pin, False))
+            for w, pf, pers in itertools.product(range(1, self.max_workers + 1),
+                                                 self.prefetch_factors, self.persistent_workers):
+                out.append(Config(bs, w, pf, pin, pers))
+        return [c for c in out if self.rejects(c) is None]
+
+    def nearest(self, config: Config) -> Config:
+        """The setting in the space closest to ``config`` (used to seed from estimates)."""
+        bs = min(self.batch_sizes, key=lambda b: abs(math.log2(b) - math.log2(config.batch_size)))
+        w = min(config.num_workers, self.max_workers)
+        pin = config.pin_memory if config.pin_memory in self.pin_memory else self.pin_memory[0]
+        if w == 0:
+            return Config(bs, 0, None, pin, False)
+        pf = min(self.prefetch_factors, key=lambda p: abs(p - (config.prefetch_factor or 2)))
+        pers = (config.persistent_workers if config.persistent_workers in self.persistent_workers
+                else self.persistent_workers[0])
+        candidate = Config(bs, w, pf, pin, pers)
+        while self.rejects(candidate) is not None and candidate.num_workers > 0:
+            smaller_pf = [p for p in self.prefetch_factors if p < (candidate.prefetch_factor or 0)]
+            if smaller_pf:
+                candidate = Config(bs, candidate.num_workers, max(smaller_pf), pin, pers)
+            elif candidate.num_workers > 1:
+                candidate = Config(bs, candidate.num_workers - 1, max(self.prefetch_factors), pin, pers)
+            else:
+                candidate = Config(bs, 0, None, pin, False)
+        return candidate
+
+
+def worker_cap(
+    *,
+    usable_cpus: int,
+    io_bound: bool,
+    ram_budget_bytes: int | None = None,
+    main_pss_bytes: int | None = None,
+    worker_pss_bytes: int | None = None,
+    user_max: int | None = None,
+) -> tuple[int, dict[str, int]]:
+    """The highest ``num_workers`` worth trying, and each limit that went into it.
+
+    CPU-bound loading gains nothing past the usable CPUs (the training loop needs one too), so
+    the cap is ``usable_cpus + 1`` to see the downturn; loading that waits on I/O overlaps its
+    waits and may profit from several workers per CPU. RAM bounds it by the memory per worker.
+    """
+    limits = {"cpu": min(MAX_WORKERS_HARD, usable_cpus * 8 if io_bound else usable_cpus + 1)}
+    if ram_budget_bytes and worker_pss_bytes:
+        spare = ram_budget_bytes - (main_pss_bytes or 0)
+        limits["ram"] = max(1, int(spare // worker_pss_bytes))
+    if user_max is not None:
+        limits["user"] = user_max
+    return max(0, min(limits.values())), limits
+
+
+def check_max_workers(max_workers: int | None, logical_cpus: int) -> None:
+    """Reject a ``max_workers`` no machine could use, with the value and the sensible range."""
+    if max_workers is None:
+        return
+    sensible = max(64, 8 * logical_cpus)
+    if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 0:
+        raise ConfigError(f"max_workers must be an int >= 0, but got {max_workers=}.")
+    if max_workers > sensible:
+        raise ConfigError(f"max_workers={max_workers} is more than anything sensible on this machine "
+                          f"({logical_cpus} logical CPUs); pass at most {sensible}.")

@@ -1,0 +1,150 @@
+"""The recommendation file: one JSON document, one entry per CPU/GPU pairing.
+
+::
+
+    {
+      "schema": "loadertune.recommendations",
+      "schema_version": 1,
+      "machines": {
+        "<hardware key>": { "loader_kwargs": {...}, "hardware": {...}, "winner": {...}, ... }
+      }
+    }
+
+Saving merges: the other machines' entries survive. The new document is written to a temporary
+file in the same directory, flushed to disk and renamed over the old one, all under a lock file
+(``<file>.lock``), so two searches saving at once both land and a crash never leaves half a file.
+A file that does not parse, or that has an unknown schema, is an error naming the file; it is
+replaced only with ``force=True``, and then kept beside it as ``<file>.corrupt-<time>``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+
+from loadertune.errors import NoRecommendationError, RecommendationFileError
+
+SCHEMA = "loadertune.recommendations"
+SCHEMA_VERSION = 1
+LOCK_TIMEOUT_S = 30.0
+
+
+def _empty() -> dict[str, Any]:
+    return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "machines": {}}
+
+
+def read(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The document at ``path`` (an empty one if the file does not exist).
+
+    Raises:
+        RecommendationFileError: the file is not valid JSON, or not a recommendation file of a
+            schema version this loadertune reads.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return _empty()
+    except OSError as exc:
+        raise RecommendationFileError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RecommendationFileError(
+            f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}). "
+            "Fix or move the file; `loadertune search --force` replaces it (keeping a copy)."
+        ) from exc
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        raise RecommendationFileError(
+            f"{path} is not a loadertune recommendation file (no \"schema\": \"{SCHEMA}\"). "
+            "Choose another file with --out, or pass --force to replace it (keeping a copy)."
+        )
+    version = doc.get("schema_version")
+    if not isinstance(version, int) or version > SCHEMA_VERSION or version < 1:
+        raise RecommendationFileError(
+            f"{path} has schema_version {version!r}; this loadertune reads version "
+            f"{SCHEMA_VERSION}. Upgrade loadertune, or use another file with --out."
+        )
+    if not isinstance(doc.get("machines"), dict):
+        raise RecommendationFileError(f"{path} has no \"machines\" object; the file is damaged.")
+    return doc
+
+
+def _write_atomic(path: Path, doc: dict[str, Any]) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, indent=2, sort_keys=False, default=str)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def save_entry(path: str | os.PathLike[str], key: str, entry: dict[str, Any], *,
+               force: bool = False) -> Path:
+    """Merge ``entry`` under ``key`` into the file at ``path``; return the path written.
+
+    Args:
+        path: the recommendation file (created with its directory if missing).
+        key: the hardware key (:attr:`loadertune.hardware.Hardware.key`).
+        entry: the machine's entry (JSON-able).
+        force: replace a file that cannot be read, after copying it aside.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(f"{path}.lock", timeout=LOCK_TIMEOUT_S)
+    try:
+        with lock:
+            try:
+                doc = read(path)
+            except RecommendationFileError:
+                if not force:
+                    raise
+                backup = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
+                shutil.copy2(path, backup)
+                doc = _empty()
+            doc["schema_version"] = SCHEMA_VERSION
+            doc["machines"][key] = entry
+            _write_atomic(path, doc)
+    except Timeout as exc:
+        raise RecommendationFileError(
+            f"{path} is locked by another process (lock file {path}.lock) for over "
+            f"{LOCK_TIMEOUT_S:.0f} s; if no loadertune is running, delete the lock file."
+        ) from exc
+    return path
+
+
+def entry_for(path: str | os.PathLike[str], key: str) -> dict[str, Any]:
+    """The entry for ``key``.
+
+    Raises:
+        NoRecommendationError: the file is missing or has no entry for ``key``; the message
+            lists the machines it does have.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise NoRecommendationError(f"{path} does not exist; run `loadertune search` first.")
+    machines = read(path)["machines"]
+    if key not in machines:
+        have = ", ".join(sorted(machines)) or "none"
+        raise NoRecommendationError(
+            f"{path} has no entry for this machine ({key}); it has: {have}. "
+            "Run `loadertune search` here to add one."
+        )
+    entry = machines[key]
+    if not isinstance(entry, dict) or not isinstance(entry.get("loader_kwargs"), dict):
+        raise RecommendationFileError(f"{path}: the entry for {key} has no \"loader_kwargs\".")
+    return entry

@@ -1,0 +1,232 @@
+"""One trial: measure one setting, and come back with a result whatever happens.
+
+Two runners execute trials: :class:`loadertune.inline.InlineRunner` (a dataset and a step in this
+process, for ``tune_loader``) and :class:`loadertune.script.ScriptRunner` (an unmodified training
+script in a fresh process group per trial). Both report to a :class:`Supervisor`, which samples
+the process tree, enforces the start-up limit, the hang limit, the trial deadline and the host
+memory budget, and forwards sub-window rates to the search for pruning. A trial never raises for a
+bad setting: it returns a :class:`TrialResult` with a ``failure``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from loadertune import failures
+from loadertune.failures import Failure
+from loadertune.meter import Measurement, WindowSpec
+from loadertune.resources import ResourceSampler, ResourceUsage
+from loadertune.space import Config
+
+ShouldStop = Callable[[int, float], bool]  # (sub-window index, running samples/s) -> prune?
+
+
+@dataclass
+class Limits:
+    """When a running trial is stopped.
+
+    Attributes:
+        timeout_s: the whole trial, start to end.
+        startup_s: from start to the first batch (worker start-up, script import, CUDA init).
+        hang_s: with no sign of progress after the first batch.
+        memory_budget_bytes: PSS of the process tree; None for no limit.
+    """
+
+    timeout_s: float = 60.0
+    startup_s: float = 30.0
+    hang_s: float = 10.0
+    memory_budget_bytes: int | None = None
+
+
+@dataclass
+class TrialResult:
+    """What one trial measured, or why it failed.
+
+    ``params``, ``samples_per_s`` and ``error`` are the fields other tools read.
+    """
+
+    config: Config
+    phase: str = "search"  # "probe", "baseline", "search", "confirm", "replay"
+    measurement: Measurement | None = None
+    resources: ResourceUsage | None = None
+    failure: Failure | None = None
+    pruned: bool = False
+    skipped: str | None = None  # the reason a setting was not run (never tried)
+    wall_s: float = 0.0  # what the trial cost, start-up and teardown included
+    epoch_samples: int | None = None
+    cuda_peak_allocated_bytes: int | None = None
+    cuda_peak_reserved_bytes: int | None = None
+    cuda_device: str | None = None  # PCI bus id of the device the step used
+    number: int | None = None  # the Optuna trial number, when the search recorded it
+    bytes_per_sample: float | None = None
+    orphans_killed: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return self.config.loader_kwargs()
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None and self.skipped is None and self.measurement is not None
+
+    @property
+    def status(self) -> str:
+        if self.skipped is not None:
+            return "skipped"
+        if self.failure is not None:
+            return "failed"
+        return "pruned" if self.pruned else "ok"
+
+    @property
+    def error(self) -> str | None:
+        """None, or the failure's short kind (``"worker_killed"``, ``"timeout"``, ``"oom"``...)."""
+        return self.failure.kind if self.failure is not None else None
+
+    @property
+    def samples_per_s(self) -> float | None:
+        """Steady-state samples/s over the window (None if the trial failed or was not run)."""
+        if self.failure is not None or self.measurement is None:
+            return None
+        return self.measurement.samples_per_s
+
+    @property
+    def epoch_startup_s(self) -> float:
+        """Seconds each epoch spends before its first batch with this setting.
+
+        Measured on a re-entry (``iter(loader)`` again) when the trial did one; otherwise the
+        first batch's wait, which non-persistent workers pay at every epoch.
+        """
+        m = self.measurement
+        if m is None or self.config.num_workers == 0:
+            return 0.0
+        if m.reentry_s:
+            return statistics.median(m.reentry_s)
+        return 0.0 if self.config.persistent_workers else m.first_batch_s
+
+    @property
+    def epoch_samples_per_s(self) -> float | None:
+        """Samples/s over a whole epoch, start-up included: what the search maximises.
+
+        Equal to :attr:`samples_per_s` when the epoch length is unknown.
+        """
+        rate = self.samples_per_s
+        if rate is None or rate <= 0 or not self.epoch_samples:
+            return rate
+        return self.epoch_samples / (self.epoch_samples / rate + self.epoch_startup_s)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able data (for Optuna's user attributes and the recommendation file)."""
+        return {
+            "params": self.params,
+            "phase": self.phase,
+            "status": self.status,
+            "samples_per_s": self.samples_per_s,
+            "epoch_samples_per_s": self.epoch_samples_per_s,
+            "epoch_startup_s": self.epoch_startup_s if self.measurement else None,
+            "error": self.error,
+            "failure": self.failure.to_dict() if self.failure else None,
+            "skipped": self.skipped,
+            "measurement": self.measurement.to_dict() if self.measurement else None,
+            "resources": self.resources.to_dict() if self.resources else None,
+            "wall_s": self.wall_s,
+            "cuda_peak_allocated_bytes": self.cuda_peak_allocated_bytes,
+            "cuda_peak_reserved_bytes": self.cuda_peak_reserved_bytes,
+            "bytes_per_sample": self.bytes_per_sample,
+            "orphans_killed": self.orphans_killed,
+            "number": self.number,
+        }
+
+
+class TrialRunner(Protocol):
+    """Runs trials for one workload. ``epoch_samples`` is None when the length is unknown."""
+
+    epoch_samples: int | None  # samples per epoch at the baseline's batch size; None if unknown
+    uses_cuda: bool  # pin_memory is worth searching
+    in_process: bool  # trials run in this process (their memory budget sits on top of ours)
+    bytes_per_sample: float | None  # size of one collated sample, once a trial has seen one
+
+    def run(self, config: Config, *, window: WindowSpec, limits: Limits, phase: str = "search",
+            should_stop: ShouldStop | None = None) -> TrialResult:
+        """Measure ``config``. ``phase="replay"`` replays one cached batch through the step."""
+
+    def close(self) -> None:
+        """Release what the runner holds (nothing of a trial may be left by then)."""
+
+
+def window_for(config: Config, *, window_s: float, min_warmup: int = 2) -> WindowSpec:
+    """A window whose warm-up drains every batch that was in flight at the start."""
+    return WindowSpec(warmup_batches=max(min_warmup, config.in_flight_batches + 1), window_s=window_s)
+
+
+class Supervisor:
+    """Hears a running trial (it is the meter's sink), samples it, and says when to stop it.
+
+    Used from the runner's own loop: call :meth:`expired` often; when it returns a failure, stop
+    the trial and record that failure.
+    """
+
+    def __init__(self, root_pid: int, *, limits: Limits, should_stop: ShouldStop | None = None,
+                 gpu_index: int | None = None) -> None:
+        self.limits = limits
+        self._should_stop = should_stop
+        self.sampler = ResourceSampler(root_pid, budget_bytes=limits.memory_budget_bytes,
+                                       gpu_index=gpu_index)
+        self.t_start = time.monotonic()
+        self.last_sign = self.t_start
+        self.started = False  # the first batch arrived
+        self.pruned = False
+        self.running_rates: list[float] = []
+        self.usage: ResourceUsage | None = None
+
+    def __enter__(self) -> Supervisor:
+        self.sampler.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.sampler.__exit__(*exc)
+
+    # -- the meter's sink ------------------------------------------------------------------------
+
+    def event(self, name: str) -> None:
+        self.last_sign = time.monotonic()
+        if name == "first_batch":
+            self.started = True
+        elif name == "window_start":
+            self.sampler.window_started()
+
+    def progress(self, index: int, samples_per_s: float) -> bool:
+        self.last_sign = time.monotonic()
+        self.running_rates.append(samples_per_s)
+        if self._should_stop is not None and self._should_stop(index, samples_per_s):
+            self.pruned = True
+            return False
+        return True
+
+    # -- decisions -------------------------------------------------------------------------------
+
+    def window_ended(self) -> ResourceUsage:
+        """Take the end-of-window snapshot; call while the workers are still alive."""
+        self.usage = self.sampler.window_ended()
+        return self.usage
+
+    def expired(self) -> Failure | None:
+        """The reason to stop the trial now, or None."""
+        now = time.monotonic()
+        lim = self.limits
+        if self.sampler.budget_hit is not None and lim.memory_budget_bytes is not None:
+            return failures.memory_budget(self.sampler.budget_hit, lim.memory_budget_bytes)
+        if now - self.t_start > lim.timeout_s:
+            return Failure("timeout", f"the trial ran past its limit of {lim.timeout_s:.0f} s",
+                           "a slower setting or a hang; see the next trials")
+        if not self.started and now - self.t_start > lim.startup_s:
+            return Failure("timeout", f"no batch within {lim.startup_s:.0f} s of the start: the "
+                           "workers did not start or the first batch hung",
+                           failures.hang(lim.startup_s).advice)
+        if self.started and now - self.last_sign > lim.hang_s:
+            return failures.hang(lim.hang_s)
+        return None
