@@ -213,7 +213,7 @@ def _workload_id(dataset: Any, step: Callable[..., Any] | None, batch_sizes: Seq
     return f"tune_loader-{cls.__name__}-{hashlib.sha1(text.encode()).hexdigest()[:10]}"
 
 
-def run_search(runner: TrialRunner, *, baseline: Config, batch_sizes: Sequence[int],
+def run_search(runner: TrialRunner, *, baseline: Config | None, batch_sizes: Sequence[int],
                settings: SearchSettings, observer: Observer | None, hw: Hardware,
                workload: dict[str, Any], hide_batch_size: bool = False) -> Recommendation:
     """Search with ``runner`` and build the recommendation; the runner is closed after."""
@@ -223,6 +223,15 @@ def run_search(runner: TrialRunner, *, baseline: Config, batch_sizes: Sequence[i
     finally:
         runner.close()
     return build_recommendation(outcome, hw, workload=workload, hide_batch_size=hide_batch_size)
+
+
+def _settings(*, budget_s: float, n_trials: int | None, window_s: float | None,
+              max_workers: int | None, memory_budget_fraction: float, seed: int | None,
+              storage: str | None, study_name: str, resume: bool, hw: Hardware) -> SearchSettings:
+    check_max_workers(max_workers, hw.logical_cpus)
+    return SearchSettings(budget_s=budget_s, n_trials=n_trials, window_s=window_s,
+                          max_workers=max_workers, memory_budget_fraction=memory_budget_fraction,
+                          seed=seed, storage=storage, study_name=study_name, resume=resume)
 
 
 def tune_loader(
@@ -287,16 +296,15 @@ def tune_loader(
     if n == 0:
         raise ConfigError("the dataset is empty (len(dataset) == 0); there is nothing to load.")
     hw = hardware.detect()
-    check_max_workers(max_workers, hw.logical_cpus)
     if baseline is not None:
         _check_baseline(baseline)
     user_bs = _user_batch_size(batch_size, baseline)
     sizes = normalize_batch_sizes(batch_size)
     base = Config.from_kwargs(baseline or {}, batch_size=user_bs)
-    settings = SearchSettings(
-        budget_s=budget_s, n_trials=n_trials, window_s=window_s, max_workers=max_workers,
-        memory_budget_fraction=memory_budget_fraction, seed=seed, storage=storage,
-        study_name=study_name or _workload_id(dataset, step, sizes), resume=resume)
+    settings = _settings(budget_s=budget_s, n_trials=n_trials, window_s=window_s,
+                         max_workers=max_workers, memory_budget_fraction=memory_budget_fraction,
+                         seed=seed, storage=storage, resume=resume, hw=hw,
+                         study_name=study_name or _workload_id(dataset, step, sizes))
     runner = InlineRunner(dataset, step=step, fixed=loader_kwargs)
     observer = None
     if verbose:
@@ -311,6 +319,58 @@ def tune_loader(
     if verbose:
         from loadertune.report import print_summary
         print_summary(rec)
+    return rec
+
+
+def tune_script(
+    script: str | os.PathLike[str],
+    args: Sequence[str] = (),
+    *,
+    batch_size: int | Sequence[int] | None = None,
+    loader: int | str | None = None,
+    budget_s: float = 60.0,
+    n_trials: int | None = None,
+    max_workers: int | None = None,
+    storage: str | None = None,
+    study_name: str | None = None,
+    resume: bool = True,
+    window_s: float | None = None,
+    memory_budget_fraction: float = 0.8,
+    seed: int | None = None,
+    observer: Observer | None = None,
+) -> Recommendation:
+    """Tune the DataLoader of an unmodified training script (what ``loadertune search`` runs).
+
+    Each trial runs ``python SCRIPT ARGS`` in a fresh process group with the trial's settings
+    applied to the chosen loader, measures the script's own loop, and ends the script.
+
+    Args:
+        script: the training script.
+        args: its arguments.
+        batch_size: candidates to search; None keeps the script's own batch size.
+        loader: which loader: its order of creation (1 = first), ``"FILE:LINE"``, or None for
+            the first one the script iterates.
+        observer: hears progress (the CLI's live view); None is silent.
+        (the rest as in :func:`tune_loader`)
+    """
+    from loadertune.script import ScriptRunner
+
+    hw = hardware.detect()
+    sizes = () if batch_size is None else normalize_batch_sizes(batch_size)
+    runner = ScriptRunner(script, list(args), loader=loader)
+    ident = hashlib.sha1(f"{os.path.abspath(script)}|{list(args)}|{loader}|{list(sizes)}".encode()).hexdigest()[:10]
+    settings = _settings(budget_s=budget_s, n_trials=n_trials, window_s=window_s,
+                         max_workers=max_workers, memory_budget_fraction=memory_budget_fraction,
+                         seed=seed, storage=storage, resume=resume, hw=hw,
+                         study_name=study_name or f"script-{os.path.basename(str(script))}-{ident}")
+    workload = {"kind": "script", "script": str(script), "args": list(args)}
+    rec = run_search(runner, baseline=None, batch_sizes=sizes, settings=settings,
+                     observer=observer, hw=hw, workload=workload)
+    info = runner.loader_info or {}
+    rec.workload.update(loader_index=info.get("index"), call_site=info.get("call_site"),
+                        dataset=info.get("dataset"), epoch_samples=info.get("epoch_samples"))
+    if info.get("batch_sampler"):
+        rec.loader_kwargs.pop("batch_size", None)
     return rec
 
 
@@ -338,3 +398,41 @@ def load_recommendation(path: str | os.PathLike[str] = "loadertune.json", *,
     """
     key = hardware_key or hardware.current_key()
     return dict(store.entry_for(path, key)["loader_kwargs"])
+
+
+def run_script(script: str | os.PathLike[str], args: Sequence[str] = (), *,
+               path: str | os.PathLike[str] = "loadertune.json",
+               report: Callable[[str], None] = print) -> int:
+    """Run a training script for real with this machine's saved settings applied to its loader.
+
+    Prints (through ``report``) what was applied, or why nothing was. Returns the script's exit
+    status; the script's own exceptions propagate.
+    """
+    from loadertune.errors import LoadertuneError
+    from loadertune.patch import Apply, patched
+    from loadertune.script import check_script
+    from loadertune.scriptchild import run_as_main
+
+    check_script(script)
+    controller = None
+    try:
+        entry = store.entry_for(path, hardware.current_key())
+        workload = entry.get("workload") or {}
+        # Without "batch_size" in the entry, the script's batch sampler decides the batch.
+        config = Config.from_kwargs(entry["loader_kwargs"], batch_size=1)
+        controller = Apply(config, index=int(workload.get("loader_index") or 1),
+                           expected_site=workload.get("call_site"), report=report)
+    except LoadertuneError as exc:
+        report(f"loadertune: running without changes: {exc}")
+    try:
+        if controller is None:
+            run_as_main(str(script), list(args))
+        else:
+            with patched(controller):
+                run_as_main(str(script), list(args))
+                if controller.applied is None:
+                    report(f"loadertune: the script created no DataLoader #{controller.index}; nothing applied")
+    except SystemExit as exc:
+        code = exc.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    return 0

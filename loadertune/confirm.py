@@ -49,15 +49,25 @@ class Confirmation:
         ranked = [c for c in self.values if self.values[c]]
         return max(ranked, key=lambda c: self.median(c) or 0.0) if ranked else None
 
+    def _sub_window_rates(self, config: Config) -> list[float]:
+        return [r for res in self.results.get(config, []) if res.ok and res.measurement
+                for r in res.measurement.sub_window_samples_per_s]
+
     @property
     def clearly_better(self) -> bool:
-        """The winner's worst round beats the baseline's best (needs two rounds of each)."""
+        """The winner's worst round beats the baseline's best.
+
+        With fewer than two rounds of each (a tight budget), the same test runs on the
+        sub-window rates of the measurements there are.
+        """
         win = self.winner
         if win is None or win == self.baseline:
             return False
         ours, theirs = self.values.get(win, []), self.values.get(self.baseline, [])
         if not theirs:  # the baseline failed every round it ran: anything that runs is better
             return bool(self.results.get(self.baseline))
+        if len(ours) < 2 or len(theirs) < 2:
+            ours, theirs = self._sub_window_rates(win), self._sub_window_rates(self.baseline)
         return len(ours) >= 2 and len(theirs) >= 2 and min(ours) > max(theirs)
 
     @property

@@ -18,7 +18,6 @@ import os
 import signal
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -26,61 +25,12 @@ import psutil
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from loadertune import nvml
+from loadertune import dataloader as dl
+from loadertune.errors import UserCodeError
 from loadertune.failures import Failure, classify_exception
-from loadertune.meter import Meter, WindowSpec, fixed_count, structure_counter
+from loadertune.meter import Meter, WindowSpec
 from loadertune.space import Config
 from loadertune.trial import Limits, ShouldStop, Supervisor, TrialResult
-
-_WORKER_COUNT_WARNING = r"This DataLoader will create \d+ worker processes"
-
-
-def batch_nbytes(batch: Any) -> int:
-    """Bytes of the tensors and arrays in a batch (strings and scalars count nothing)."""
-    if isinstance(batch, torch.Tensor):
-        return batch.element_size() * batch.nelement()
-    nbytes = getattr(batch, "nbytes", None)
-    if isinstance(nbytes, int):
-        return nbytes
-    if isinstance(batch, Mapping):
-        return sum(batch_nbytes(v) for v in batch.values())
-    if isinstance(batch, (list, tuple)):
-        return sum(batch_nbytes(v) for v in batch)
-    return 0
-
-
-def to_device(batch: Any, device: torch.device, non_blocking: bool) -> Any:
-    """Move every tensor of a batch to ``device`` (the default step when CUDA is present)."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=non_blocking)
-    if isinstance(batch, Mapping):
-        return {k: to_device(v, device, non_blocking) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        moved = [to_device(v, device, non_blocking) for v in batch]
-        return type(batch)(*moved) if hasattr(batch, "_fields") else type(batch)(moved)
-    return batch
-
-
-def cuda_sync() -> None:
-    if torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-
-
-def cuda_gpu_index() -> int | None:
-    """NVML index of the current CUDA device, or None when CUDA is not in use."""
-    if not torch.cuda.is_initialized():
-        return None
-    ordinal = torch.cuda.current_device()
-    props = torch.cuda.get_device_properties(ordinal)
-    bus = getattr(props, "pci_bus_id", None)
-    if bus is not None:
-        bus_id = f"{getattr(props, 'pci_domain_id', 0):08x}:{bus:02x}:{getattr(props, 'pci_device_id', 0):02x}.0"
-        index = nvml.index_for_bus_id(bus_id)
-        if index is not None:
-            return index
-    gpus = nvml.visible_gpus()
-    return gpus[ordinal].index if ordinal < len(gpus) else None
-
 
 def _children() -> dict[int, psutil.Process]:
     try:
@@ -148,6 +98,7 @@ class InlineRunner:
         self.dataset = dataset
         self.fixed = dict(fixed or {})
         self.in_process = True
+        self.user_error = UserCodeError
         self.cuda_available = torch.cuda.is_available()
         self.uses_cuda = self.cuda_available and step is None
         self._user_step = step
@@ -157,30 +108,15 @@ class InlineRunner:
         self.epoch_samples = self._epoch_length()
 
     def _epoch_length(self) -> int | None:
-        sampler = self.fixed.get("sampler") or self.fixed.get("batch_sampler")
-        target = sampler if sampler is not None else self.dataset
-        if isinstance(target, IterableDataset) and not hasattr(target, "__len__"):
-            return None
-        try:
-            n = len(target)  # type: ignore[arg-type]
-        except TypeError:
-            return None
-        if self.fixed.get("batch_sampler") is not None:
-            return None  # a count of batches, not samples
-        return n
-
-    def epoch_samples_for(self, batch_size: int) -> int | None:
-        n = self.epoch_samples
-        if n is not None and self.fixed.get("drop_last"):
-            return n // batch_size * batch_size
-        return n
+        """Samples per epoch at batch size 1 (None: unknown); a loader without workers is free."""
+        return dl.epoch_samples(DataLoader(self.dataset, **self.fixed))
 
     def _step(self, config: Config) -> Callable[[Any], Any] | None:
         if self._user_step is not None:
             return self._user_step
         if self.cuda_available:
             device = torch.device("cuda", torch.cuda.current_device())
-            return lambda batch: to_device(batch, device, config.pin_memory)
+            return lambda batch: dl.to_device(batch, device, config.pin_memory)
         return None
 
     def _loader(self, config: Config, limits: Limits) -> DataLoader[Any]:
@@ -191,25 +127,22 @@ class InlineRunner:
             kwargs["timeout"] = limits.hang_s  # a hung worker becomes a clean error in next()
         return DataLoader(self.dataset, **kwargs)
 
-    def _counter(self, config: Config) -> Callable[[Any, int], int]:
-        if isinstance(self.dataset, IterableDataset) or "batch_sampler" in self.fixed:
-            return structure_counter
-        return fixed_count(config.batch_size, self.epoch_samples, bool(self.fixed.get("drop_last")))
-
     def _batches(self, loader: DataLoader[Any], config: Config, replay: bool) -> Any:
         """What the meter wraps each epoch: the loader, or one cached batch again and again."""
         if not replay:
             return loader
         first = next(iter(loader))
         if self.bytes_per_sample is None:
-            self.bytes_per_sample = batch_nbytes(first) / max(1, structure_counter(first, 0))
+            self.bytes_per_sample = dl.bytes_per_sample(first)
         return _Repeat(first)
 
-    def run(self, config: Config, *, window: WindowSpec, limits: Limits, phase: str = "search",
+    def run(self, config: Config | None, *, window: WindowSpec, limits: Limits, phase: str = "search",
             should_stop: ShouldStop | None = None) -> TrialResult:
+        if config is None:
+            raise ValueError("an in-process trial needs explicit settings")
         t0 = time.perf_counter()
         replay = phase == "replay"
-        result = TrialResult(config, phase=phase, epoch_samples=self.epoch_samples_for(config.batch_size))
+        result = TrialResult(config, phase=phase)
         before = set(_children())
         if torch.cuda.is_initialized():
             torch.cuda.reset_peak_memory_stats()
@@ -219,16 +152,16 @@ class InlineRunner:
         loader = batches = meter = None
         self._where = "loader"
         try:
-            with sup, dog, warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=_WORKER_COUNT_WARNING)
+            with sup, dog, dl.quiet_worker_warning():
                 loader = self._loader(config, limits)
+                result.epoch_samples = dl.epoch_samples(loader)
                 batches = self._batches(loader, config, replay)
-                meter = Meter(window, count=self._counter(config), sink=sup, sync=cuda_sync,
+                meter = Meter(window, count=dl.sample_counter(loader), sink=sup, sync=dl.cuda_sync,
                               measure_cpu=config.num_workers == 0 and not replay)
                 self._loop(meter, batches, step)
                 measurement = meter.result() if meter.done else meter.finish_now()
                 if measurement is None:
-                    raise _TooShort(self.epoch_samples_for(config.batch_size), config, window)
+                    raise _TooShort(result.epoch_samples, config, window)
                 result.measurement = measurement
                 result.resources = sup.window_ended()
                 result.pruned = sup.pruned
@@ -248,13 +181,13 @@ class InlineRunner:
             del loader, batches, meter
             gc.collect()  # DataLoader iterators shut their workers down when collected
             result.orphans_killed = kill_new_children(before)
+            result.cuda_peak_allocated_bytes, result.cuda_peak_reserved_bytes = dl.cuda_peaks()
             if torch.cuda.is_initialized():
-                result.cuda_peak_allocated_bytes = torch.cuda.max_memory_allocated()
-                result.cuda_peak_reserved_bytes = torch.cuda.max_memory_reserved()
+                result.cuda_device = dl.cuda_bus_id()
                 if result.failure is not None:
                     torch.cuda.empty_cache()  # after an OOM, give the allocator a clean slate
                 if self.gpu_index is None:
-                    self.gpu_index = cuda_gpu_index()
+                    self.gpu_index = dl.nvml_index_for_current_device()
         result.bytes_per_sample = self.bytes_per_sample
         result.wall_s = time.perf_counter() - t0
         return result
@@ -303,8 +236,8 @@ class _TooShort(Exception):
 
     def failure(self) -> Failure:
         return Failure(
-            "too_short",
-            f"an epoch ended before the measured window opened ({self.epoch_samples} samples at "
-            f"batch_size={self.config.batch_size}, {self.window.warmup_batches} warm-up batches)",
-            "use a larger dataset or a smaller batch size for tuning",
+            "no_batches",
+            f"the loader produced no batch to measure ({self.epoch_samples} samples per epoch at "
+            f"batch_size={self.config.batch_size}, drop_last may drop them all)",
+            "use a smaller batch size, or drop_last=False",
         )

@@ -204,6 +204,7 @@ class Meter:
         self._sub_excluded = 0.0
         self._sub_samples = 0
         self._sub_rates: list[float] = []
+        self.failed_in_next = False
 
     def wrap(self, iterable: Iterable[Any]) -> Meter:
         """Measure one epoch of ``iterable``; call again with the same loader for the next epoch.
@@ -252,6 +253,9 @@ class Meter:
             batch = next(self._it)
         except StopIteration:
             self._paused_at = t0
+            raise
+        except BaseException:
+            self.failed_in_next = True  # the loader raised, not the loop's body
             raise
         t1 = self._clock()
         index = self._index_in_epoch

@@ -96,9 +96,9 @@ class LiveView:
         self._phase = name
         self._refresh()
 
-    def trial_started(self, config: Config, phase: str) -> None:
+    def trial_started(self, config: Config | None, phase: str) -> None:
         self._n += 1
-        self._current = f"{phase} {config.label()}"
+        self._current = f"{phase} {config.label() if config else '(its own settings)'}"
         self._refresh()
 
     def trial_finished(self, result: TrialResult, best: TrialResult | None) -> None:

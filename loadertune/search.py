@@ -117,7 +117,7 @@ class Observer(Protocol):
 
     def search_started(self, deadline: float, budget_s: float) -> None: ...
     def phase(self, name: str) -> None: ...
-    def trial_started(self, config: Config, phase: str) -> None: ...
+    def trial_started(self, config: Config | None, phase: str) -> None: ...
     def trial_finished(self, result: TrialResult, best: TrialResult | None) -> None: ...
 
 
@@ -200,19 +200,20 @@ class Search:
     Args:
         runner: runs trials of the workload.
         hardware: this machine.
-        baseline: the user's own settings (measured first, and re-measured at the end).
-        batch_sizes: the batch sizes to consider (the baseline's is added if missing).
+        baseline: the user's own settings (measured first, and re-measured at the end); None
+            when only the first trial can tell them (a script's own loader).
+        batch_sizes: the batch sizes to consider (the baseline's is added; empty: only it).
         settings: budget and policy.
         observer: hears progress (None: silent).
     """
 
-    def __init__(self, runner: TrialRunner, *, hardware: Hardware, baseline: Config,
+    def __init__(self, runner: TrialRunner, *, hardware: Hardware, baseline: Config | None,
                  batch_sizes: Sequence[int], settings: SearchSettings,
                  observer: Observer | None = None) -> None:
         self.runner = runner
         self.hw = hardware
-        self.baseline = baseline
-        self.batch_sizes = tuple(sorted({*batch_sizes, baseline.batch_size}))
+        self._baseline = baseline
+        self._batch_sizes = tuple(batch_sizes)
         self.settings = settings
         self.observer = observer
         self.storage = settings.storage or default_storage()
@@ -226,6 +227,16 @@ class Search:
         self._deadline = 0.0
         self._memory_budget: int | None = None
         self._open: optuna.trial.Trial | None = None
+
+    @property
+    def baseline(self) -> Config:
+        if self._baseline is None:
+            raise RuntimeError("the baseline is known after the first trial")
+        return self._baseline
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        return tuple(sorted({*self._batch_sizes, self.baseline.batch_size}))
 
     # -- bookkeeping -----------------------------------------------------------------------------
 
@@ -251,10 +262,11 @@ class Search:
     def _prune_rule(self, index: int, running: float) -> bool:
         return index >= 1 and self.best is not None and running < self.settings.prune_ratio * self._best_value
 
-    def _measure(self, config: Config, phase: str, *, prunable: bool = False) -> TrialResult:
+    def _measure(self, config: Config | None, phase: str, *, prunable: bool = False) -> TrialResult:
+        """Run one trial (``config=None``: the workload's own settings) and learn from it."""
         if self.observer:
             self.observer.trial_started(config, phase)
-        window = window_for(config, window_s=self.settings.trial_window_s)
+        window = window_for(config or Config(1), window_s=self.settings.trial_window_s)
         result = self.runner.run(config, window=window, limits=self._limits(), phase=phase,
                                  should_stop=self._prune_rule if prunable else None)
         self.trials.append(result)
@@ -264,8 +276,8 @@ class Search:
         if self.observer:
             self.observer.trial_finished(result, self.best)
         if result.failure is not None and result.failure.user_bug:
-            raise UserCodeError(result.failure.message, kind=result.failure.kind,
-                                detail=result.failure.detail)
+            raise self.runner.user_error(result.failure.message, kind=result.failure.kind,
+                                         detail=result.failure.detail)
         return result
 
     def _learn(self, result: TrialResult) -> None:
@@ -363,8 +375,13 @@ class Search:
 
     def _probe(self) -> tuple[TrialResult, TrialResult | None, TrialResult]:
         """Baseline, num_workers=0 and 1 at the user's batch size, and the replay."""
+        base = self._measure(self._baseline, "baseline")
+        if self._baseline is None:
+            if "loader" not in base.extra:
+                why = base.failure.message if base.failure else "it reported no loader"
+                raise LoadertuneError(f"could not measure the workload's own settings: {why}")
+            self._baseline = base.config
         bs = self.baseline.batch_size
-        base = self._measure(self.baseline, "baseline")
         w0 = base if self.baseline == Config(bs) else None
         if w0 is None:
             w0 = self._measure(Config(bs), "probe")
@@ -458,8 +475,10 @@ class Search:
             self._tell(study, trial, self._measure(config, "search", prunable=True))
 
     def _confirm_cost(self) -> float:
-        n = self.settings.finalists + 2  # finalists, best at the user's batch size, baseline
-        return min(0.4 * self.settings.budget_s, n * self.settings.confirm_rounds * self._typical_wall())
+        """Seconds to keep for the confirmation: its rounds, or at most 40% of the budget."""
+        n = 1 + self.settings.finalists + (len(self.batch_sizes) > 1)  # + best at the user's bs
+        rounds = max(2, self.settings.confirm_rounds)
+        return min(0.4 * self.settings.budget_s, n * rounds * self._typical_wall())
 
     def _finalists(self) -> list[Config]:
         ranked = sorted(self.values, key=lambda c: self.values[c], reverse=True)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from loadertune import failures
+from loadertune.errors import UserCodeError
 from loadertune.failures import Failure
 from loadertune.meter import Measurement, WindowSpec
 from loadertune.resources import ResourceSampler, ResourceUsage
@@ -149,10 +150,12 @@ class TrialRunner(Protocol):
     uses_cuda: bool  # pin_memory is worth searching
     in_process: bool  # trials run in this process (their memory budget sits on top of ours)
     bytes_per_sample: float | None  # size of one collated sample, once a trial has seen one
+    user_error: type[UserCodeError]  # raised when the user's own code fails
 
-    def run(self, config: Config, *, window: WindowSpec, limits: Limits, phase: str = "search",
+    def run(self, config: Config | None, *, window: WindowSpec, limits: Limits, phase: str = "search",
             should_stop: ShouldStop | None = None) -> TrialResult:
-        """Measure ``config``. ``phase="replay"`` replays one cached batch through the step."""
+        """Measure ``config`` (None: the workload's own settings). ``phase="replay"`` replays one
+        cached batch through the step instead of loading."""
 
     def close(self) -> None:
         """Release what the runner holds (nothing of a trial may be left by then)."""

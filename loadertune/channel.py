@@ -1,0 +1,79 @@
+"""JSON messages, one per line, over a socket shared by the search and a script's trial process.
+
+JSON rather than pickle: the trial process runs the user's code, and nothing it sends should be
+able to run code in the search. The child never blocks on the parent: it sends, and polls for
+the parent's rare replies (``{"t": "stop"}`` when a trial is pruned).
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+from typing import Any
+
+
+class Channel:
+    """One end of a connected stream socket."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._buf = b""
+        self.closed = False
+
+    @classmethod
+    def pair(cls) -> tuple[Channel, socket.socket]:
+        """This end, and the other end's socket (to pass to a child with ``pass_fds``)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        theirs.set_inheritable(True)
+        return cls(ours), theirs
+
+    @classmethod
+    def from_fd(cls, fd: int) -> Channel:
+        return cls(socket.socket(fileno=fd))
+
+    def send(self, msg: dict[str, Any]) -> bool:
+        """Send ``msg``; False if the other end is gone."""
+        data = (json.dumps(msg, default=str, allow_nan=True) + "\n").encode()
+        try:
+            self._sock.sendall(data)
+            return True
+        except OSError:
+            self.closed = True
+            return False
+
+    def _fill(self, timeout: float | None) -> bool:
+        """Read what is available (waiting up to ``timeout``); False on timeout."""
+        ready, _, _ = select.select([self._sock], [], [], timeout)
+        if not ready:
+            return False
+        try:
+            chunk = self._sock.recv(65536)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self.closed = True
+            return False
+        self._buf += chunk
+        return True
+
+    def recv(self, timeout: float | None = None) -> dict[str, Any] | None:
+        """The next message, or None if none came within ``timeout`` or the other end closed."""
+        while b"\n" not in self._buf:
+            if self.closed or not self._fill(timeout):
+                return None
+            timeout = 0 if timeout is not None else None
+        line, _, self._buf = self._buf.partition(b"\n")
+        msg = json.loads(line)
+        return msg if isinstance(msg, dict) else None
+
+    def drain(self) -> list[dict[str, Any]]:
+        """Every message already available, without waiting."""
+        out = []
+        while (msg := self.recv(timeout=0)) is not None:
+            out.append(msg)
+        return out
+
+    def close(self) -> None:
+        self.closed = True
+        self._sock.close()

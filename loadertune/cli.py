@@ -1,0 +1,196 @@
+"""The ``loadertune`` command: options, validation and printing. The work is in ``loadertune.api``.
+
+Exit codes: 0 success, 1 a loadertune error (with a message), 2 a usage error (click's),
+130 interrupted by Ctrl-C, 143 by SIGTERM. A training script's own exit status is returned by
+``loadertune run``.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+from rich.console import Console
+
+from loadertune import __version__, api, hardware, store
+from loadertune.errors import LoadertuneError, SearchInterrupted
+from loadertune.report import LiveView, print_summary
+from loadertune.space import Config
+
+_err = Console(stderr=True)
+
+
+def _batch_sizes(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
+    if value is None:
+        return None
+    try:
+        sizes = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers such as 32,64,128, got {value!r}") from None
+    if not sizes or any(s < 1 for s in sizes):
+        raise click.BadParameter(f"batch sizes must be positive integers, got {value!r}")
+    return sizes
+
+
+def _loader(ctx: click.Context, param: click.Parameter, value: str | None) -> int | str | None:
+    if value is None:
+        return None
+    if value.isdigit():
+        if int(value) < 1:
+            raise click.BadParameter("loaders are numbered from 1 (the first DataLoader created)")
+        return int(value)
+    if ":" in value and value.rpartition(":")[2].isdigit():
+        return value
+    raise click.BadParameter(f"expected N (order of creation) or FILE:LINE, got {value!r}")
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM ends a search the way Ctrl-C does: trial stopped, study kept. Restored after."""
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt("SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _fail(exc: LoadertuneError) -> None:
+    _err.print(f"[bold red]loadertune:[/] {exc}", highlight=False, soft_wrap=True)
+    sys.exit(1)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="loadertune")
+def cli() -> None:
+    """Find the fastest PyTorch DataLoader settings for this machine.
+
+    \b
+    loadertune search train.py -- --epochs 3   tune the script's loader, save loadertune.json
+    loadertune run train.py -- --epochs 3      run it for real with the saved settings
+    loadertune show                            list the saved settings per machine
+    """
+
+
+@cli.command(context_settings={"ignore_unknown_options": False})
+@click.argument("script", type=click.Path(dir_okay=False))
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--budget", "budget_s", type=float, default=60.0, show_default=True,
+              help="Wall-clock seconds for the whole search.")
+@click.option("--trials", "n_trials", type=click.IntRange(min=1), default=None,
+              help="Cap on the settings measured (default: the budget decides).")
+@click.option("--batch-sizes", callback=_batch_sizes, default=None,
+              help="Batch sizes to search, e.g. 32,64,128 (default: keep the script's).")
+@click.option("--max-workers", type=click.IntRange(min=0), default=None,
+              help="Highest num_workers to try (default: from CPUs and memory).")
+@click.option("--loader", callback=_loader, default=None,
+              help="Which DataLoader: N (order of creation) or FILE:LINE (default: the first iterated).")
+@click.option("--storage", default=None, help="Optuna storage URL (default: SQLite in the user cache).")
+@click.option("--study", "study_name", default=None, help="Study name (default: from script and args).")
+@click.option("--fresh", is_flag=True, help="Start the study afresh instead of resuming it.")
+@click.option("--out", default="loadertune.json", show_default=True, type=click.Path(dir_okay=False),
+              help="Recommendation file to merge this machine's entry into.")
+@click.option("--force", is_flag=True, help="Replace an unreadable --out file (a copy is kept).")
+@click.option("--window", "window_s", type=float, default=None, help="Measured seconds per trial.")
+@click.option("--seed", type=int, default=None, help="Seed of the sampler.")
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
+@click.option("--show-trials", is_flag=True, help="Print every trial in the final report.")
+def search(script: str, script_args: tuple[str, ...], budget_s: float, n_trials: int | None,
+           batch_sizes: list[int] | None, max_workers: int | None, loader: int | str | None,
+           storage: str | None, study_name: str | None, fresh: bool, out: str, force: bool,
+           window_s: float | None, seed: int | None, as_json: bool, show_trials: bool) -> None:
+    """Tune the DataLoader of SCRIPT; its own arguments follow `--`.
+
+    Each trial runs SCRIPT in a fresh process group with one setting applied, measures the
+    script's own training loop for a short window, and stops it. The best setting is saved
+    in --out under this machine's CPU/GPU key.
+    """
+    try:
+        if not force:
+            store.read(out)  # an unreadable file is reported now, not after the search
+        with LiveView(_err) as view, _sigterm_as_interrupt():
+            rec = api.tune_script(
+                script, script_args, batch_size=batch_sizes, loader=loader, budget_s=budget_s,
+                n_trials=n_trials, max_workers=max_workers, storage=storage,
+                study_name=study_name, resume=not fresh, window_s=window_s, seed=seed,
+                observer=view)
+        path = rec.save(out, force=force)
+    except SearchInterrupted as exc:
+        _err.print(f"[yellow]loadertune:[/] {exc}", highlight=False, soft_wrap=True)
+        sys.exit(143 if str(exc.__cause__) == "SIGTERM" else 130)
+    except LoadertuneError as exc:
+        _fail(exc)
+    print_summary(rec, _err if as_json else Console(), trials=show_trials)
+    (_err if as_json else Console()).print(f"saved to {path}", highlight=False, soft_wrap=True)
+    if as_json:
+        click.echo(json.dumps({"out": path, "hardware_key": rec.hardware.key, **rec.to_entry()},
+                              default=str, indent=2))
+
+
+@cli.command(context_settings={"ignore_unknown_options": False})
+@click.argument("script", type=click.Path(dir_okay=False))
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--file", "path", default="loadertune.json", show_default=True,
+              type=click.Path(dir_okay=False), help="Recommendation file.")
+def run(script: str, script_args: tuple[str, ...], path: str) -> None:
+    """Run SCRIPT for real with this machine's saved settings applied to its DataLoader."""
+    try:
+        code = api.run_script(script, script_args, path=path,
+                              report=lambda line: _err.print(line, highlight=False, soft_wrap=True))
+    except LoadertuneError as exc:
+        _fail(exc)
+    sys.exit(code)
+
+
+@cli.command()
+@click.argument("path", default="loadertune.json", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the file's entries as JSON.")
+def show(path: str, as_json: bool) -> None:
+    """List the entries of a recommendation file; this machine's is marked."""
+    try:
+        doc = store.read(path)
+    except LoadertuneError as exc:
+        _fail(exc)
+    if not doc["machines"]:
+        _err.print(f"{path}: no entries (run `loadertune search` first)", highlight=False)
+        sys.exit(1)
+    here = hardware.current_key()
+    if as_json:
+        click.echo(json.dumps({"this_machine": here, **doc}, indent=2, default=str))
+        return
+    console = Console()
+    for key, entry in doc["machines"].items():
+        mark = "[bold green]* this machine[/]" if key == here else ""
+        desc = (entry.get("hardware") or {}).get("description", "")
+        kwargs = entry.get("loader_kwargs", {})
+        rate = entry.get("samples_per_s")
+        console.print(f"[bold]{key}[/] {mark}", highlight=False)
+        console.print(f"  {desc}", highlight=False, soft_wrap=True)
+        label = Config.from_kwargs(kwargs, batch_size=1).label() if kwargs else "-"
+        speed = f"{rate:,.0f} samples/s" if rate else "-"
+        speedup = entry.get("speedup")
+        console.print(f"  {label}  {speed}" + (f"  ({speedup:.2f}x over baseline)" if speedup else "")
+                      + f"  measured {entry.get('measured_at', '?')}", highlight=False)
+        console.print(f"  {json.dumps(kwargs)}", highlight=False, soft_wrap=True)
+
+
+@cli.command(name="hardware")
+@click.option("--json", "as_json", is_flag=True, help="Print the fingerprint as JSON.")
+def hardware_cmd(as_json: bool) -> None:
+    """Print this machine's fingerprint and its key."""
+    hw = hardware.detect()
+    if as_json:
+        click.echo(json.dumps(hw.to_dict(), indent=2, default=str))
+    else:
+        click.echo(f"{hw.key}\n{hw.describe()}")
+
+
+def main() -> None:
+    cli(prog_name="loadertune")

@@ -1,0 +1,128 @@
+"""What loadertune reads off a torch DataLoader and its batches.
+
+Shared by the in-process runner and by a script's trial process: how many samples an epoch and a
+batch hold, how many bytes a sample takes, the loader's own settings, and the CUDA facts a trial
+reports (which device, its peak memory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from loadertune import nvml
+from loadertune.meter import fixed_count, structure_count, structure_counter
+from loadertune.space import Config
+
+WORKER_COUNT_WARNING = r"This DataLoader will create \d+ worker processes"
+
+
+@contextlib.contextmanager
+def quiet_worker_warning() -> Iterator[None]:
+    """Silence DataLoader's "more workers than CPUs" warning: trying that is the point."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=WORKER_COUNT_WARNING)
+        yield
+
+
+def epoch_samples(loader: DataLoader[Any]) -> int | None:
+    """Samples per epoch, or None when unknown (an iterable without ``__len__``, a batch sampler)."""
+    if isinstance(loader.dataset, IterableDataset):
+        try:
+            return len(loader.dataset)  # type: ignore[arg-type]
+        except TypeError:
+            return None
+    if loader.batch_size is None:  # a user batch_sampler, or no automatic batching
+        return None
+    try:
+        n = len(loader.sampler)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    return n // loader.batch_size * loader.batch_size if loader.drop_last else n
+
+
+def sample_counter(loader: DataLoader[Any]) -> Callable[[Any, int], int]:
+    """Count samples per batch: exact arithmetic for a regular batch sampler, else the batch's shape."""
+    if isinstance(loader.dataset, IterableDataset) or loader.batch_size is None:
+        return structure_counter
+    return fixed_count(loader.batch_size, epoch_samples(loader), loader.drop_last)
+
+
+def settings_of(loader: DataLoader[Any]) -> Config:
+    """The loader's own tuned settings (its batch size is 1 when a batch sampler decides)."""
+    batch_size = loader.batch_size or getattr(loader.batch_sampler, "batch_size", None) or 1
+    return Config(int(batch_size), loader.num_workers,
+                  loader.prefetch_factor if loader.num_workers else None,
+                  bool(loader.pin_memory), bool(loader.persistent_workers))
+
+
+def batch_nbytes(batch: Any) -> int:
+    """Bytes of the tensors and arrays in a batch (strings and scalars count nothing)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.element_size() * batch.nelement()
+    nbytes = getattr(batch, "nbytes", None)
+    if isinstance(nbytes, int):
+        return nbytes
+    if isinstance(batch, Mapping):
+        return sum(batch_nbytes(v) for v in batch.values())
+    if isinstance(batch, (list, tuple)):
+        return sum(batch_nbytes(v) for v in batch)
+    return 0
+
+
+def bytes_per_sample(batch: Any) -> float:
+    return batch_nbytes(batch) / max(1, structure_count(batch))
+
+
+def to_device(batch: Any, device: torch.device, non_blocking: bool) -> Any:
+    """Move every tensor of a batch to ``device``; ``non_blocking`` pays off with pinned memory."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, Mapping):
+        return {k: to_device(v, device, non_blocking) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        moved = [to_device(v, device, non_blocking) for v in batch]
+        return type(batch)(*moved) if hasattr(batch, "_fields") else type(batch)(moved)
+    return batch
+
+
+def cuda_sync() -> None:
+    """Wait for queued GPU work, if this process uses CUDA (a CPU-GPU sync point)."""
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def cuda_bus_id() -> str | None:
+    """PCI bus id of the current CUDA device (as NVML spells it), or None without CUDA in use."""
+    if not torch.cuda.is_initialized():
+        return None
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    bus = getattr(props, "pci_bus_id", None)
+    if bus is None:
+        return None
+    return f"{getattr(props, 'pci_domain_id', 0):08x}:{bus:02x}:{getattr(props, 'pci_device_id', 0):02x}.0"
+
+
+def nvml_index_for_current_device() -> int | None:
+    """NVML index of the current CUDA device, or None when CUDA is not in use."""
+    if not torch.cuda.is_initialized():
+        return None
+    bus = cuda_bus_id()
+    index = nvml.index_for_bus_id(bus) if bus else None
+    if index is not None:
+        return index
+    ordinal = torch.cuda.current_device()
+    gpus = nvml.visible_gpus()
+    return gpus[ordinal].index if ordinal < len(gpus) else None
+
+
+def cuda_peaks() -> tuple[int | None, int | None]:
+    """(peak allocated, peak reserved) bytes since the last reset, or Nones without CUDA."""
+    if not torch.cuda.is_initialized():
+        return None, None
+    return torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()

@@ -1,0 +1,226 @@
+"""Run trials of an unmodified training script, each in a fresh process group.
+
+Each trial starts ``python -m loadertune.scriptchild`` in a new session (so it and every
+DataLoader worker it starts share one process group, away from the terminal's Ctrl-C), tells it
+the setting over a :class:`~loadertune.channel.Channel`, and supervises it from here: resource
+sampling, deadlines, the memory budget and pruning run in this process. However the trial ends,
+its whole group is killed and checked for survivors before ``run`` returns. The script's output
+goes to a log file; its tail is kept when the trial fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from loadertune import failures, nvml
+from loadertune.channel import Channel
+from loadertune.errors import ConfigError, ScriptError
+from loadertune.failures import Failure
+from loadertune.meter import Measurement, WindowSpec
+from loadertune.scriptchild import SPEC_ENV
+from loadertune.space import Config
+from loadertune.trial import Limits, ShouldStop, Supervisor, TrialResult
+
+OUTPUT_TAIL_BYTES = 8192
+
+
+def check_script(script: str | os.PathLike[str]) -> Path:
+    """The script's path, or a ConfigError saying why it cannot be run."""
+    path = Path(script)
+    if not path.exists():
+        raise ConfigError(f"script {str(path)!r} does not exist.")
+    if not path.is_file():
+        raise ConfigError(f"{str(path)!r} is not a file; pass the training script itself.")
+    try:
+        source = path.read_bytes()
+        compile(source, str(path), "exec")
+    except SyntaxError as exc:
+        raise ConfigError(f"{path} is not valid Python: {exc.msg} (line {exc.lineno}).") from exc
+    except ValueError as exc:  # source with NUL bytes: a binary
+        raise ConfigError(f"{path} is not a Python script ({exc}).") from exc
+    return path
+
+
+def kill_group(pgid: int, grace_s: float = 3.0) -> int:
+    """SIGKILL every process in group ``pgid``; return how many were still alive."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + grace_s
+    survivors: list[int] = []
+    while time.monotonic() < deadline:
+        survivors = [p.pid for p in psutil.process_iter(["status"])
+                     if _pgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE]
+        if not survivors:
+            break
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        time.sleep(0.05)
+    return len(survivors)
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def _tail(path: Path) -> str:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - OUTPUT_TAIL_BYTES))
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+class ScriptRunner:
+    """Trials of ``python SCRIPT ARGS``; see the module docstring.
+
+    Args:
+        script: the training script.
+        args: its arguments.
+        loader: which loader to tune: its order of creation (1 = first created), ``"FILE:LINE"``
+            where it is created, or None for the first loader the script iterates.
+        python: the interpreter to run it with.
+    """
+
+    in_process = False
+    user_error = ScriptError
+
+    def __init__(self, script: str | os.PathLike[str], args: list[str] | tuple[str, ...] = (), *,
+                 loader: int | str | None = None, python: str = sys.executable) -> None:
+        self.script = str(check_script(script))
+        self.args = list(args)
+        self.python = python
+        self.selector: dict[str, Any] = {}
+        if isinstance(loader, int):
+            if loader < 1:
+                raise ConfigError(f"loader must be >= 1 (1 = the first DataLoader created), but got {loader=}.")
+            self.selector = {"index": loader}
+        elif isinstance(loader, str):
+            if not loader.rpartition(":")[2].isdigit():
+                raise ConfigError(f"loader must be N or FILE:LINE, but got {loader!r}.")
+            self.selector = {"call_site": loader}
+        self.uses_cuda = False
+        self.epoch_samples: int | None = None
+        self.bytes_per_sample: float | None = None
+        self.loader_info: dict[str, Any] | None = None
+        self._logdir = tempfile.TemporaryDirectory(prefix="loadertune-")
+
+    def run(self, config: Config | None, *, window: WindowSpec, limits: Limits,
+            phase: str = "search", should_stop: ShouldStop | None = None) -> TrialResult:
+        """Run one trial; ``config=None`` runs the script's own settings (the baseline)."""
+        t0 = time.perf_counter()
+        chan, theirs = Channel.pair()
+        log = Path(self._logdir.name) / "trial.log"
+        spec = {"script": self.script, "args": self.args, "fd": theirs.fileno(),
+                "parent_pid": os.getpid(), "phase": phase, "window_s": window.window_s,
+                "hang_s": limits.hang_s, "overrides": config.loader_kwargs() if config else None,
+                **(self.loader_info and {"index": self.loader_info["index"]} or self.selector)}
+        env = {**os.environ, SPEC_ENV: json.dumps(spec)}
+        with log.open("wb") as out:
+            proc = subprocess.Popen([self.python, "-m", "loadertune.scriptchild"], env=env,
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    pass_fds=(theirs.fileno(),), start_new_session=True)
+        theirs.close()
+        result = TrialResult(config or Config(1), phase=phase)
+        try:
+            self._supervise(proc, chan, result, limits, should_stop, log)
+        finally:
+            chan.close()
+            result.orphans_killed = kill_group(proc.pid)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+        result.wall_s = time.perf_counter() - t0
+        result.bytes_per_sample = self.bytes_per_sample
+        return result
+
+    def _supervise(self, proc: subprocess.Popen[bytes], chan: Channel, result: TrialResult,
+                   limits: Limits, should_stop: ShouldStop | None, log: Path) -> None:
+        with Supervisor(proc.pid, limits=limits, should_stop=should_stop) as sup:
+            while True:
+                msg = chan.recv(timeout=0.1)
+                if msg is not None:
+                    if self._handle(msg, sup, chan, result, log):
+                        return
+                    continue
+                if chan.closed and proc.poll() is not None:
+                    result.failure = failures.classify_exit(proc.returncode, output=_tail(log))
+                    return
+                expired = sup.expired()
+                if expired is not None:
+                    if not sup.started and result.extra.get("loader") is None and expired.kind == "timeout":
+                        expired = Failure("no_loader", f"the script did not iterate a DataLoader within "
+                                          f"{limits.startup_s:.0f} s", "if it is slow to start, give a "
+                                          "larger --budget; check that it iterates a DataLoader at all",
+                                          user_bug=True, detail=_tail(log))
+                    result.failure = expired
+                    return
+
+    def _handle(self, msg: dict[str, Any], sup: Supervisor, chan: Channel, result: TrialResult,
+                log: Path) -> bool:
+        """Act on one message; True when the trial is over."""
+        kind = msg.get("t")
+        if kind == "event":
+            sup.event(msg["name"])
+            if msg["name"] == "window_start" and msg.get("bus_id"):
+                sup.sampler.gpu_index = nvml.index_for_bus_id(msg["bus_id"])
+        elif kind == "progress":
+            if not sup.progress(int(msg["i"]), float(msg["rate"])):
+                chan.send({"t": "stop"})
+        elif kind == "loader":
+            result.extra["loader"] = msg
+            self._learn_loader(msg, result)
+        elif kind == "result":
+            result.measurement = Measurement(**{k: v for k, v in msg["measurement"].items()
+                                                if k in Measurement.__dataclass_fields__})
+            result.resources = sup.window_ended()
+            result.pruned = sup.pruned
+            result.cuda_peak_allocated_bytes = msg.get("cuda_peak_allocated")
+            result.cuda_peak_reserved_bytes = msg.get("cuda_peak_reserved")
+            result.cuda_device = msg.get("cuda_device")
+            self.bytes_per_sample = msg.get("bytes_per_sample") or self.bytes_per_sample
+            return msg.get("complete", True)  # a partial result is followed by "ended"
+        elif kind == "failure":
+            detail = f"{msg['traceback']}\n--- script output (tail) ---\n{_tail(log)}"
+            failure = failures.classify_text(msg["text"], where=msg["where"], detail=detail)
+            if failure.kind == "script_error":
+                failure = Failure("script_error", f"the script raised {msg['text'][:200]}",
+                                  "fix the script; its traceback is below", user_bug=True, detail=detail)
+            result.failure = failure
+            return True
+        elif kind == "ended":
+            if result.measurement is None:
+                what = "before its first batch" if msg.get("iterated") else "without iterating the DataLoader"
+                result.failure = Failure("script_ended", f"{msg['how']} {what}",
+                                         "check the script's arguments (too few epochs or batches?) "
+                                         "and which loader is tuned (--loader)",
+                                         user_bug=not msg.get("iterated"), detail=_tail(log))
+            return True
+        return False
+
+    def _learn_loader(self, msg: dict[str, Any], result: TrialResult) -> None:
+        if self.loader_info is None:
+            self.loader_info = msg
+            self.uses_cuda = bool(msg.get("cuda_available"))
+        if result.phase == "baseline":
+            result.config = Config.from_kwargs(msg["settings"])
+        result.epoch_samples = msg.get("epoch_samples")
+        self.epoch_samples = self.epoch_samples or result.epoch_samples
+
+    def close(self) -> None:
+        self._logdir.cleanup()

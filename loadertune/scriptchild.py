@@ -1,0 +1,212 @@
+"""Inside a script trial: run the user's script as ``python train.py ARGS`` would, and measure it.
+
+Started by :class:`loadertune.script.ScriptRunner` as ``python -m loadertune.scriptchild``, in a
+new session (its own process group), with the trial's spec in ``$LOADERTUNE_TRIAL`` and one end
+of a :class:`~loadertune.channel.Channel` as an inherited file descriptor.
+
+The script gets ``sys.argv``, ``__name__ == "__main__"``, its own directory first on ``sys.path``
+and the caller's working directory. :mod:`loadertune.patch` applies the trial's settings to the
+target loader when the script creates it and meters the script's own loop over it. When the
+window is full, the result goes to the parent, which snapshots the process tree and kills the
+group: the script is not run to completion.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import runpy
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from loadertune import dataloader as dl
+from loadertune.channel import Channel
+from loadertune.meter import Measurement, Meter
+from loadertune.patch import LoaderRecord, apply_settings, matches_site, patched
+from loadertune.space import Config
+from loadertune.trial import window_for
+
+SPEC_ENV = "LOADERTUNE_TRIAL"
+
+
+class ChannelSink:
+    """The meter's sink in a trial process: events and progress go to the parent."""
+
+    def __init__(self, chan: Channel) -> None:
+        self._chan = chan
+        self.stop = False
+
+    def event(self, name: str) -> None:
+        msg: dict[str, Any] = {"t": "event", "name": name}
+        if name == "window_start":
+            msg["bus_id"] = dl.cuda_bus_id()
+        self._chan.send(msg)
+
+    def progress(self, index: int, samples_per_s: float) -> bool:
+        self._chan.send({"t": "progress", "i": index, "rate": samples_per_s})
+        self.stop = self.stop or any(m.get("t") == "stop" for m in self._chan.drain())
+        return not self.stop
+
+
+class _Epoch:
+    """Calls DataLoader's own ``__iter__`` when the meter asks for the epoch's iterator."""
+
+    def __init__(self, original: Callable[[DataLoader[Any]], Iterator[Any]], loader: DataLoader[Any]) -> None:
+        self._original, self._loader = original, loader
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._original(self._loader)
+
+
+class _Repeat:
+    def __init__(self, batch: Any) -> None:
+        self._batch = batch
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            yield self._batch
+
+
+class TrialController:
+    """Applies the trial's settings to the target loader and meters the script's loop over it.
+
+    The target is the loader with ``spec["index"]`` (order of creation), or created at
+    ``spec["call_site"]``, or, when neither is given, the first loader the script iterates.
+    """
+
+    def __init__(self, spec: dict[str, Any], chan: Channel) -> None:
+        self.spec = spec
+        self.chan = chan
+        self.config = Config.from_kwargs(spec["overrides"]) if spec.get("overrides") else None
+        self.target: LoaderRecord | None = None
+        self.meter: Meter | None = None
+        self.sink = ChannelSink(chan)
+        self.loader: DataLoader[Any] | None = None
+        self.bytes_per_sample: float | None = None
+        self._original: Callable[[DataLoader[Any]], Iterator[Any]] | None = None
+
+    def _is_target(self, record: LoaderRecord) -> bool:
+        if self.target is not None:
+            return record == self.target
+        if self.spec.get("index") is not None:
+            return record.index == self.spec["index"]
+        if self.spec.get("call_site"):
+            return matches_site(record.call_site, self.spec["call_site"])
+        return False
+
+    def on_create(self, record: LoaderRecord, arguments: dict[str, Any]) -> dict[str, Any]:
+        if self.config is None or not self._is_target(record):
+            return arguments
+        out = apply_settings(arguments, self.config)
+        if self.config.num_workers and not out.get("timeout"):
+            out["timeout"] = self.spec["hang_s"]  # a hung worker becomes an error in next()
+        return out
+
+    def on_iter(self, loader: DataLoader[Any], record: LoaderRecord,
+                original: Callable[[DataLoader[Any]], Iterator[Any]]) -> Iterator[Any]:
+        if self.target is None and (self._is_target(record) or (
+                self.spec.get("index") is None and not self.spec.get("call_site"))):
+            self._start(loader, record, original)
+        if record != self.target or self.meter is None:
+            return original(loader)
+        if self.spec["phase"] == "replay":
+            first = next(original(loader))
+            self.bytes_per_sample = dl.bytes_per_sample(first)
+            return self.meter.wrap(_Repeat(first))
+        return self.meter.wrap(_Epoch(original, loader))
+
+    def _start(self, loader: DataLoader[Any], record: LoaderRecord,
+               original: Callable[[DataLoader[Any]], Iterator[Any]]) -> None:
+        self.target, self.loader, self._original = record, loader, original
+        settings = dl.settings_of(loader)
+        import torch
+
+        self.chan.send({
+            "t": "loader", "index": record.index, "call_site": record.call_site,
+            "settings": settings.loader_kwargs(), "epoch_samples": dl.epoch_samples(loader),
+            "dataset": f"{type(loader.dataset).__module__}.{type(loader.dataset).__qualname__}",
+            "batch_sampler": loader.batch_size is None,
+            "cuda_available": torch.cuda.is_available(),
+        })
+        self.meter = Meter(window_for(settings, window_s=self.spec["window_s"]),
+                           count=dl.sample_counter(loader), sink=self.sink, sync=dl.cuda_sync,
+                           measure_cpu=loader.num_workers == 0, on_done=self._done)
+
+    def _done(self, m: Measurement) -> None:
+        """The window is full: report, then wait for the parent to end this process group."""
+        loader = self.loader
+        if loader is not None and loader.persistent_workers and self._original is not None and \
+                self.spec["phase"] != "replay" and dl.epoch_samples(loader):
+            t = time.perf_counter()  # a new epoch's start-up with persistent workers
+            next(self._original(loader))
+            m.reentry_s.append(time.perf_counter() - t)
+        self._report(m, complete=True)
+        time.sleep(self.spec.get("linger_s", 60))  # the parent kills us long before
+        os._exit(0)
+
+    def _report(self, m: Measurement, *, complete: bool) -> None:
+        peak_alloc, peak_reserved = dl.cuda_peaks()
+        self.chan.send({"t": "result", "measurement": m.to_dict(), "complete": complete,
+                        "cuda_peak_allocated": peak_alloc, "cuda_peak_reserved": peak_reserved,
+                        "cuda_device": dl.cuda_bus_id(), "bytes_per_sample": self.bytes_per_sample})
+
+    def script_ended(self, how: str) -> None:
+        """The script finished (or exited) before the window was full."""
+        partial = self.meter.finish_now() if self.meter is not None else None
+        if partial is not None:
+            self._report(partial, complete=False)
+        self.chan.send({"t": "ended", "how": how, "iterated": self.target is not None})
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Linux: be SIGKILLed if the search dies, so no trial outlives it."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        return
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def run_as_main(script: str, args: list[str]) -> None:
+    """Run ``script`` as ``python script args`` would: argv, ``__main__``, its directory on the path."""
+    sys.argv = [script, *args]
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    runpy.run_path(script, run_name="__main__")
+
+
+def main() -> None:
+    spec = json.loads(os.environ.pop(SPEC_ENV))
+    chan = Channel.from_fd(spec["fd"])
+    _die_with_parent(spec["parent_pid"])
+    controller = TrialController(spec, chan)
+    how = "the script ended"
+    with dl.quiet_worker_warning(), patched(controller):
+        try:
+            run_as_main(spec["script"], spec["args"])
+        except SystemExit as exc:
+            how = f"the script exited with status {exc.code}"
+        except BaseException as exc:  # the script's own exception: report it, then end
+            in_loader = controller.meter is not None and controller.meter.failed_in_next
+            chan.send({"t": "failure", "where": "loader" if in_loader else "script",
+                       "text": f"{type(exc).__name__}: {exc}",
+                       "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))})
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+    controller.script_ended(how)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

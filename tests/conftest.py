@@ -1,0 +1,58 @@
+"""Shared fixtures. Every test is checked for processes it left behind."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+import pytest
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Studies go to a temporary directory, never to the user's cache."""
+    os.environ["LOADERTUNE_CACHE_DIR"] = str(tmp_path_factory.mktemp("loadertune-cache"))
+
+
+def _descendants() -> dict[int, psutil.Process]:
+    return {p.pid: p for p in psutil.Process().children(recursive=True)}
+
+
+def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
+    out = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes() -> object:
+    """Fail a test that leaves a child process (a DataLoader worker, a trial) running."""
+    before = set(_descendants())
+    yield
+    deadline = time.monotonic() + 5.0  # a worker being reaped may take a moment
+    while True:
+        left = _alive([p for pid, p in _descendants().items() if pid not in before])
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    for p in left:  # clean up so one failure does not cascade, then fail
+        p.kill()
+    assert not left, f"processes outlived the test: {[(p.pid, p.name()) for p in left]}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`gpu` tests need CUDA; skip them cleanly without it."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (run on the device machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
