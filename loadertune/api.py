@@ -225,13 +225,9 @@ def run_search(runner: TrialRunner, *, baseline: Config | None, batch_sizes: Seq
     return build_recommendation(outcome, hw, workload=workload, hide_batch_size=hide_batch_size)
 
 
-def _settings(*, budget_s: float, n_trials: int | None, window_s: float | None,
-              max_workers: int | None, memory_budget_fraction: float, seed: int | None,
-              storage: str | None, study_name: str, resume: bool, hw: Hardware) -> SearchSettings:
+def _settings(*, hw: Hardware, max_workers: int | None, **kwargs: Any) -> SearchSettings:
     check_max_workers(max_workers, hw.logical_cpus)
-    return SearchSettings(budget_s=budget_s, n_trials=n_trials, window_s=window_s,
-                          max_workers=max_workers, memory_budget_fraction=memory_budget_fraction,
-                          seed=seed, storage=storage, study_name=study_name, resume=resume)
+    return SearchSettings(max_workers=max_workers, **kwargs)
 
 
 def tune_loader(
@@ -335,6 +331,7 @@ def tune_script(
     study_name: str | None = None,
     resume: bool = True,
     window_s: float | None = None,
+    startup_timeout_s: float = 120.0,
     memory_budget_fraction: float = 0.8,
     seed: int | None = None,
     observer: Observer | None = None,
@@ -350,6 +347,7 @@ def tune_script(
         batch_size: candidates to search; None keeps the script's own batch size.
         loader: which loader: its order of creation (1 = first), ``"FILE:LINE"``, or None for
             the first one the script iterates.
+        startup_timeout_s: how long the script may take to reach its first batch.
         observer: hears progress (the CLI's live view); None is silent.
         (the rest as in :func:`tune_loader`)
     """
@@ -362,6 +360,7 @@ def tune_script(
     settings = _settings(budget_s=budget_s, n_trials=n_trials, window_s=window_s,
                          max_workers=max_workers, memory_budget_fraction=memory_budget_fraction,
                          seed=seed, storage=storage, resume=resume, hw=hw,
+                         startup_timeout_s=startup_timeout_s,
                          study_name=study_name or f"script-{os.path.basename(str(script))}-{ident}")
     workload = {"kind": "script", "script": str(script), "args": list(args)}
     rec = run_search(runner, baseline=None, batch_sizes=sizes, settings=settings,

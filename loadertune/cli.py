@@ -99,13 +99,16 @@ def cli() -> None:
               help="Recommendation file to merge this machine's entry into.")
 @click.option("--force", is_flag=True, help="Replace an unreadable --out file (a copy is kept).")
 @click.option("--window", "window_s", type=float, default=None, help="Measured seconds per trial.")
+@click.option("--startup-timeout", "startup_timeout_s", type=float, default=120.0, show_default=True,
+              help="Seconds the script may take to reach its first batch.")
 @click.option("--seed", type=int, default=None, help="Seed of the sampler.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
 @click.option("--show-trials", is_flag=True, help="Print every trial in the final report.")
 def search(script: str, script_args: tuple[str, ...], budget_s: float, n_trials: int | None,
            batch_sizes: list[int] | None, max_workers: int | None, loader: int | str | None,
            storage: str | None, study_name: str | None, fresh: bool, out: str, force: bool,
-           window_s: float | None, seed: int | None, as_json: bool, show_trials: bool) -> None:
+           window_s: float | None, startup_timeout_s: float, seed: int | None, as_json: bool,
+           show_trials: bool) -> None:
     """Tune the DataLoader of SCRIPT; its own arguments follow `--`.
 
     Each trial runs SCRIPT in a fresh process group with one setting applied, measures the
@@ -120,7 +123,7 @@ def search(script: str, script_args: tuple[str, ...], budget_s: float, n_trials:
                 script, script_args, batch_size=batch_sizes, loader=loader, budget_s=budget_s,
                 n_trials=n_trials, max_workers=max_workers, storage=storage,
                 study_name=study_name, resume=not fresh, window_s=window_s, seed=seed,
-                observer=view)
+                startup_timeout_s=startup_timeout_s, observer=view)
         path = rec.save(out, force=force)
     except SearchInterrupted as exc:
         _err.print(f"[yellow]loadertune:[/] {exc}", highlight=False, soft_wrap=True)

@@ -61,6 +61,12 @@ def settings_of(loader: DataLoader[Any]) -> Config:
                   bool(loader.pin_memory), bool(loader.persistent_workers))
 
 
+def dead_worker_signals(iterator: object) -> tuple[int, ...]:
+    """Signals that killed a DataLoader iterator's workers, read from their exit codes."""
+    codes = (getattr(w, "exitcode", None) for w in getattr(iterator, "_workers", None) or ())
+    return tuple(-code for code in codes if isinstance(code, int) and code < 0)
+
+
 def batch_nbytes(batch: Any) -> int:
     """Bytes of the tensors and arrays in a batch (strings and scalars count nothing)."""
     if isinstance(batch, torch.Tensor):

@@ -122,8 +122,31 @@ def classify_text(text: str, *, where: str, detail: str = "") -> Failure:
     )
 
 
-def classify_exception(exc: BaseException, *, where: str) -> Failure:
-    """Classify an exception raised inside a trial (see :func:`classify_text` for ``where``)."""
+def signal_text(signum: int) -> str:
+    """What torch says of a worker killed by ``signum`` ("killed by signal: Killed")."""
+    names = {signal.SIGKILL: "Killed", signal.SIGBUS: "Bus error", signal.SIGSEGV: "Segmentation fault"}
+    return f"killed by signal: {names.get(signal.Signals(signum), _signal_name(signum))}"
+
+
+def chain_text(exc: BaseException) -> str:
+    """The messages of ``exc`` and of the exceptions it was raised from (most specific last)."""
+    parts, seen = [], set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(parts) < 6:
+        seen.add(id(current))
+        parts.append(f"{type(current).__name__}: {current}")
+        current = current.__cause__ or current.__context__
+    return "\n".join(parts)
+
+
+def classify_exception(exc: BaseException, *, where: str, worker_signals: tuple[int, ...] = ()) -> Failure:
+    """Classify an exception raised inside a trial (see :func:`classify_text` for ``where``).
+
+    Args:
+        worker_signals: signals that killed the loader's workers, from their exit codes. The
+            message alone is not enough: when DataLoader's timeout poll notices a dead worker
+            before its SIGCHLD handler does, it only says "exited unexpectedly".
+    """
     detail = format_exception(exc)
     if isinstance(exc, MemoryError):
         return Failure("host_oom", "the process ran out of host memory (MemoryError)",
@@ -131,7 +154,8 @@ def classify_exception(exc: BaseException, *, where: str) -> Failure:
                        detail=detail)
     if isinstance(exc, OSError) and exc.errno == 24:  # EMFILE
         return classify_text("Too many open files", where=where, detail=detail)
-    return classify_text(f"{type(exc).__name__}: {exc}", where=where, detail=detail)
+    text = "\n".join([*(signal_text(s) for s in worker_signals), chain_text(exc)])
+    return classify_text(text, where=where, detail=detail)
 
 
 def classify_exit(returncode: int, *, output: str = "") -> Failure:

@@ -174,7 +174,9 @@ class InlineRunner:
                 raise  # the user's Ctrl-C: clean up below, then let the search record it
             result.failure = dog.failure
         except Exception as exc:
-            result.failure = dog.failure or classify_exception(exc, where=self._where)
+            signals = dl.dead_worker_signals(meter.iterator) if meter is not None else ()
+            result.failure = dog.failure or classify_exception(exc, where=self._where,
+                                                               worker_signals=signals)
         finally:
             if meter is not None:
                 meter.release()

@@ -360,6 +360,11 @@ class Meter:
         self._finish(t, complete=False)
         return self._result
 
+    @property
+    def iterator(self) -> Iterator[Any] | None:
+        """The current epoch's iterator (a DataLoader's, with its workers)."""
+        return self._it
+
     def release(self) -> None:
         """Drop the current epoch's iterator (a DataLoader iterator shuts its workers down)."""
         self._it = None

@@ -27,6 +27,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from loadertune import dataloader as dl
+from loadertune import failures
 from loadertune.channel import Channel
 from loadertune.meter import Measurement, Meter
 from loadertune.patch import LoaderRecord, apply_settings, matches_site, patched
@@ -195,9 +196,12 @@ def main() -> None:
         except SystemExit as exc:
             how = f"the script exited with status {exc.code}"
         except BaseException as exc:  # the script's own exception: report it, then end
-            in_loader = controller.meter is not None and controller.meter.failed_in_next
+            meter = controller.meter
+            in_loader = meter is not None and meter.failed_in_next
+            signals = dl.dead_worker_signals(meter.iterator) if meter is not None else ()
             chan.send({"t": "failure", "where": "loader" if in_loader else "script",
-                       "text": f"{type(exc).__name__}: {exc}",
+                       "text": "\n".join([*map(failures.signal_text, signals),
+                                          failures.chain_text(exc)]),
                        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))})
             sys.stdout.flush()
             sys.stderr.flush()

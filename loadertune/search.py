@@ -52,6 +52,8 @@ class SearchSettings:
         budget_s: wall-clock cap of the whole search, confirmation included.
         n_trials: cap on settings measured in the probe and exploration (None: budget only).
         window_s: measured window per trial (None: budget_s / 40, within 0.5..3 s).
+        startup_timeout_s: how long the first trial may take to reach its first batch (a
+            script's imports, dataset and model set-up); later trials get a limit from it.
         max_workers: the user's cap on ``num_workers`` (None: derived from the machine).
         finalists: settings besides the baseline re-measured at the end.
         confirm_rounds: interleaved rounds of that re-measurement.
@@ -69,6 +71,7 @@ class SearchSettings:
     budget_s: float = 60.0
     n_trials: int | None = None
     window_s: float | None = None
+    startup_timeout_s: float = 120.0
     max_workers: int | None = None
     finalists: int = 2
     confirm_rounds: int = 3
@@ -89,6 +92,8 @@ class SearchSettings:
             raise ConfigError(f"n_trials must be a positive int or None, but got {self.n_trials=}.")
         if self.window_s is not None and not self.window_s > 0:
             raise ConfigError(f"window_s must be > 0 seconds, but got {self.window_s=}.")
+        if not self.startup_timeout_s > 0:
+            raise ConfigError(f"startup_timeout_s must be > 0 seconds, but got {self.startup_timeout_s=}.")
         if not 0 < self.memory_budget_fraction <= 1:
             raise ConfigError(f"memory_budget_fraction must be in (0, 1], but got {self.memory_budget_fraction=}.")
         if self.confirm_rounds < 1 or self.finalists < 1 or self.patience < 1:
@@ -252,9 +257,10 @@ class Search:
         if ok:
             per_batch = max(t.measurement.window_s / t.measurement.n_batches for t in ok if t.measurement)
             startup = max(t.wall_s for t in ok)
-            hang, start = max(5.0, 20 * per_batch), max(15.0, 4 * startup)
+            hang = max(5.0, 20 * per_batch)
+            start = min(self.settings.startup_timeout_s, max(15.0, 4 * startup))
         else:  # nothing known yet: scripts import, CUDA initialises
-            hang, start = 15.0, 90.0
+            hang, start = 15.0, self.settings.startup_timeout_s
         timeout = max(2.0, min(4 * self._typical_wall() + start, self._remaining() + 1.0))
         return Limits(timeout_s=timeout, startup_s=min(start, timeout), hang_s=hang,
                       memory_budget_bytes=self._memory_budget)
@@ -373,14 +379,19 @@ class Search:
 
     # -- phases ----------------------------------------------------------------------------------
 
-    def _probe(self) -> tuple[TrialResult, TrialResult | None, TrialResult]:
-        """Baseline, num_workers=0 and 1 at the user's batch size, and the replay."""
+    def _measure_baseline(self) -> TrialResult:
+        """Measure the user's settings; a script's are learnt from this first trial."""
         base = self._measure(self._baseline, "baseline")
         if self._baseline is None:
             if "loader" not in base.extra:
                 why = base.failure.message if base.failure else "it reported no loader"
                 raise LoadertuneError(f"could not measure the workload's own settings: {why}")
             self._baseline = base.config
+        return base
+
+    def _probe(self) -> tuple[TrialResult, TrialResult | None, TrialResult]:
+        """Baseline, num_workers=0 and 1 at the user's batch size, and the replay."""
+        base = self._measure_baseline()
         bs = self.baseline.batch_size
         w0 = base if self.baseline == Config(bs) else None
         if w0 is None:
@@ -488,8 +499,9 @@ class Search:
         at_user_bs = [c for c in ranked if c.batch_size == self.baseline.batch_size][:1]
         return list(dict.fromkeys([*top, *at_user_bs]))
 
-    def _confirm(self, study: optuna.Study, space: SearchSpace) -> Confirmation | None:
-        finalists = self._finalists()
+    def _confirm(self, study: optuna.Study, space: SearchSpace, *, baseline_only: bool = False
+                 ) -> Confirmation | None:
+        finalists = [] if baseline_only else self._finalists()
         configs = list(dict.fromkeys([*finalists, self.baseline]))
         wall = self._typical_wall()
         rounds = min(self.settings.confirm_rounds, int(self._remaining() // max(wall * len(configs), 1e-9)))
@@ -551,6 +563,8 @@ class Search:
                     self._record(study, space, result)
         else:
             space, est = previous
+            if self._baseline is None:
+                self._measure_baseline()
             space = dataclasses.replace(space, batch_sizes=tuple(sorted({*space.batch_sizes, *self.batch_sizes})))
         base = next((t for t in self.trials if t.phase == "baseline"), None)
         if (base is not None and base.ok and base.measurement and est is not None
@@ -567,7 +581,7 @@ class Search:
             reason = self._explore(study, space, est)
         if self.observer:
             self.observer.phase("confirm")
-        confirmation = self._confirm(study, space)
+        confirmation = self._confirm(study, space, baseline_only=reason == "compute_bound")
         winner = (confirmation.winner if confirmation and confirmation.winner else None) or (
             max(self.values, key=lambda c: self.values[c]) if self.values else None)
         if winner is None:

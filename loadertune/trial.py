@@ -132,6 +132,7 @@ class TrialResult:
             "error": self.error,
             "failure": self.failure.to_dict() if self.failure else None,
             "skipped": self.skipped,
+            "low_confidence": self.measurement.low_confidence if self.measurement else None,
             "measurement": self.measurement.to_dict() if self.measurement else None,
             "resources": self.resources.to_dict() if self.resources else None,
             "wall_s": self.wall_s,

@@ -16,7 +16,19 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 
 def _descendants() -> dict[int, psutil.Process]:
-    return {p.pid: p for p in psutil.Process().children(recursive=True)}
+    """Our descendants, and any process anywhere that carries this session's environment (a
+    DataLoader worker whose trial process was killed is re-parented to init, but keeps it)."""
+    found = {p.pid: p for p in psutil.Process().children(recursive=True)}
+    marker = os.environ.get("LOADERTUNE_CACHE_DIR")
+    for p in psutil.process_iter():
+        if p.pid == os.getpid() or p.pid in found:
+            continue
+        try:
+            if marker and p.environ().get("LOADERTUNE_CACHE_DIR") == marker:
+                found[p.pid] = p
+        except psutil.Error:
+            pass
+    return found
 
 
 def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:

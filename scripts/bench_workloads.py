@@ -1,0 +1,385 @@
+"""Five DataLoader workloads for benchmarking loadertune, each with its own optimum.
+
+On a small CPU-only machine (2 cores) the best ``num_workers`` differs from one to the next:
+
+=========================  ============================================  =====================
+workload                   what dominates                                best num_workers
+=========================  ============================================  =====================
+``image_decode_augment``   JPEG decode + augmentation, tiny CNN step     about the CPU count
+``io_latency``             1 ms of waiting per sample (network / disk)   many (8-16+)
+``tiny_tensors``           nothing: rows of an in-memory tensor          0 (IPC only costs)
+``text_padding``           the step (embeddings + Adam); tokenizing      1 (overlap, no more)
+``cpu_step_competes``      per-sample FFTs *and* a multi-threaded step   1-2 (they share cores)
+=========================  ============================================  =====================
+
+Each :class:`Workload` has ``name``, ``description``, ``make_dataset()`` (a map-style Dataset),
+``step`` (``step(batch)``, or None), ``batch_size`` (the user's) and ``loader_kwargs`` (fixed
+DataLoader arguments, e.g. ``collate_fn``), so that a benchmark can run::
+
+    ds = wl.make_dataset()
+    loader = DataLoader(ds, batch_size=wl.batch_size, num_workers=w, **wl.loader_kwargs)
+    for batch in loader:
+        wl.step(batch)
+
+or ``tune_loader(ds, batch_size=wl.batch_size, step=wl.step, **wl.loader_kwargs)``.
+
+Import it with this folder on ``sys.path`` (``python scripts/bench_tuner.py`` puts it there)::
+
+    from bench_workloads import WORKLOADS, WORKLOAD_BY_NAME
+
+The image and text workloads reuse the data sets and Datasets of ``examples/train_images.py``
+and ``examples/train_text.py`` (imported as the modules ``train_images`` and ``train_text``, with
+``examples/`` added to ``sys.path``, which spawned workers inherit). Generated data is written
+once, deterministically, under ``$LOADERTUNE_EXAMPLE_DATA`` (default
+``~/.cache/loadertune-examples``); the first ``make_dataset()`` of the image workload takes some
+seconds. Every Dataset and step is a module-level class, so all of it pickles for workers. The
+steps never change global torch state (threads, seeds).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
+
+
+def example_module(name: str) -> ModuleType:
+    """``examples/<name>.py`` as the top-level module ``name`` (so its classes pickle by name)."""
+    path = str(EXAMPLES_DIR)
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    return importlib.import_module(name)
+
+
+train_images = example_module("train_images")
+train_text = example_module("train_text")
+
+
+def cache_dir() -> Path:
+    return train_images.example_cache_dir()
+
+
+@dataclass
+class Workload:
+    """One benchmark workload: a dataset factory, a training step and the user's loader setup.
+
+    ``expected_workers`` is the range of ``num_workers`` the optimum should fall in on a 2-CPU
+    machine (for reports; it is a design target, not a measurement).
+    """
+
+    name: str
+    description: str
+    make_dataset: Callable[[], Dataset]
+    step: Callable[[Any], Any] | None
+    batch_size: int
+    loader_kwargs: dict[str, Any] = field(default_factory=dict)
+    expected_workers: tuple[int, int] = (0, 0)
+
+    def __repr__(self) -> str:
+        return f"Workload({self.name!r})"
+
+
+class _Step:
+    """A training step whose model and optimizer are built on first use (cheap to import)."""
+
+    def __init__(self) -> None:
+        self._state: tuple[nn.Module, torch.optim.Optimizer] | None = None
+
+    def build(self) -> tuple[nn.Module, torch.optim.Optimizer]:
+        raise NotImplementedError
+
+    @property
+    def state(self) -> tuple[nn.Module, torch.optim.Optimizer]:
+        if self._state is None:
+            self._state = self.build()
+        return self._state
+
+    def __repr__(self) -> str:  # stable, so a study name derived from it is too
+        return f"{type(self).__name__}()"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_state": None}
+
+
+# ---------------------------------------------------------------------------------------------
+# a. image_decode_augment: CPU-bound loading, small step
+# ---------------------------------------------------------------------------------------------
+
+IMAGE_COUNT, IMAGE_SIZE, IMAGE_CROP = 8000, 128, 96
+
+
+def make_image_dataset() -> Dataset:
+    ti = train_images
+    root = ti.make_image_folder(cache_dir() / f"bench-images-{IMAGE_COUNT}-{IMAGE_SIZE}",
+                                IMAGE_COUNT, IMAGE_SIZE)
+    paths, labels = ti.list_images(root)
+    return ti.ImageFolderDataset(paths, labels, crop=IMAGE_CROP, train=True)
+
+
+class TinyCNN(nn.Module):
+    def __init__(self, n_classes: int = 10) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Conv2d(3, 8, 5, stride=4, padding=2), nn.ReLU(),   # 96 -> 24
+            nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.ReLU(),  # 24 -> 12
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, n_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class ImageStep(_Step):
+    def build(self) -> tuple[nn.Module, torch.optim.Optimizer]:
+        model = TinyCNN()
+        return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def __call__(self, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
+        model, opt = self.state
+        images, labels = batch
+        loss = nn.functional.cross_entropy(model(images), labels)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+
+# ---------------------------------------------------------------------------------------------
+# b. io_latency: waiting, not computing
+# ---------------------------------------------------------------------------------------------
+
+class LatencyDataset(Dataset):
+    """Each sample waits ``latency_s`` (a remote read), then returns a small tensor."""
+
+    def __init__(self, n: int = 200_000, latency_s: float = 0.001, dim: int = 64) -> None:
+        self.n, self.latency_s, self.dim = n, latency_s, dim
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        time.sleep(self.latency_s)
+        return torch.full((self.dim,), float(index % 1000) / 1000), index % 10
+
+
+class LinearStep(_Step):
+    """A linear classifier's SGD step: well under a millisecond for small inputs."""
+
+    def __init__(self, dim: int = 64, n_classes: int = 10) -> None:
+        super().__init__()
+        self.dim, self.n_classes = dim, n_classes
+
+    def build(self) -> tuple[nn.Module, torch.optim.Optimizer]:
+        model = nn.Linear(self.dim, self.n_classes)
+        return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def __call__(self, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
+        model, opt = self.state
+        x, y = batch
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    def __repr__(self) -> str:
+        return f"LinearStep(dim={self.dim})"
+
+
+def make_latency_dataset() -> Dataset:
+    return LatencyDataset()
+
+
+# ---------------------------------------------------------------------------------------------
+# c. tiny_tensors: in-memory rows, nothing to parallelize
+# ---------------------------------------------------------------------------------------------
+
+class RowsDataset(Dataset):
+    """Rows of an in-memory feature matrix and their labels (deterministic, from a seed)."""
+
+    def __init__(self, n: int = 500_000, dim: int = 32, seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.features = torch.randn(n, dim, generator=g)
+        self.labels = torch.randint(0, 10, (n,), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.features)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.features[index], self.labels[index]
+
+
+def make_rows_dataset() -> Dataset:
+    return RowsDataset()
+
+
+# ---------------------------------------------------------------------------------------------
+# d. text_padding: tokenizing Dataset + padding collate; the step dominates
+# ---------------------------------------------------------------------------------------------
+
+TEXT_LINES = 50_000
+# The corpus has 3000 words, numbers up to 1999 and 6 punctuation marks: under 6000 entries.
+TEXT_N_IDS = 6000 + (1 << 14)
+
+
+def make_text_dataset() -> Dataset:
+    corpus = train_text.make_corpus(cache_dir() / "bench-text", TEXT_LINES)
+    dataset = train_text.TextDataset(corpus, n_buckets=1 << 14)
+    if dataset.n_ids > TEXT_N_IDS:
+        raise RuntimeError(f"vocabulary larger than expected: {dataset.n_ids} > {TEXT_N_IDS}")
+    return dataset
+
+
+class TextStep(_Step):
+    """The example's bag-of-embeddings model, with Adam (dense updates of the embedding table)."""
+
+    def __init__(self, n_ids: int = TEXT_N_IDS) -> None:
+        super().__init__()
+        self.n_ids = n_ids
+
+    def build(self) -> tuple[nn.Module, torch.optim.Optimizer]:
+        model = train_text.BagOfEmbeddings(self.n_ids)
+        return model, torch.optim.Adam(model.parameters(), lr=3e-3)
+
+    def __call__(self, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> float:
+        model, opt = self.state
+        ids, lengths, labels = batch
+        loss = nn.functional.cross_entropy(model(ids, lengths), labels)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+
+# ---------------------------------------------------------------------------------------------
+# e. cpu_step_competes: costly samples and a multi-threaded CPU step share the cores
+# ---------------------------------------------------------------------------------------------
+
+class SpectrumDataset(Dataset):
+    """Synthesizes signal ``index`` (class-dependent tones + noise) and returns STFT features.
+
+    About 0.15 ms of numpy per sample (random numbers, framing, FFT, log, statistics).
+    """
+
+    def __init__(self, n: int = 50_000, length: int = 4096, frame: int = 256, hop: int = 128,
+                 n_classes: int = 10) -> None:
+        self.n, self.length, self.frame, self.hop, self.n_classes = n, length, frame, hop, n_classes
+        self.window = np.hanning(frame).astype(np.float32)
+        self.t = np.arange(length, dtype=np.float32)
+
+    def __len__(self) -> int:
+        return self.n
+
+    @property
+    def n_features(self) -> int:
+        return self.frame + 2  # mean and std of frame // 2 + 1 bins
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        label = index % self.n_classes
+        rng = np.random.default_rng(index)
+        freq = 0.01 + 0.02 * label + rng.normal(0, 0.002)
+        x = np.sin(2 * np.pi * freq * self.t) + rng.standard_normal(self.length, dtype=np.float32)
+        frames = np.lib.stride_tricks.sliding_window_view(x, self.frame)[::self.hop] * self.window
+        spec = np.log1p(np.abs(np.fft.rfft(frames, axis=1))).astype(np.float32)
+        return torch.from_numpy(np.concatenate([spec.mean(0), spec.std(0)])), label
+
+
+def make_spectrum_dataset() -> Dataset:
+    return SpectrumDataset()
+
+
+class MLPStep(_Step):
+    """An MLP's forward + backward + SGD: big enough matmuls to use torch's intra-op threads."""
+
+    def __init__(self, in_features: int = 258, hidden: int = 1024, depth: int = 2) -> None:
+        super().__init__()
+        self.in_features, self.hidden, self.depth = in_features, hidden, depth
+
+    def build(self) -> tuple[nn.Module, torch.optim.Optimizer]:
+        layers: list[nn.Module] = []
+        width = self.in_features
+        for _ in range(self.depth):
+            layers += [nn.Linear(width, self.hidden), nn.ReLU()]
+            width = self.hidden
+        model = nn.Sequential(*layers, nn.Linear(width, 10))
+        return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def __call__(self, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
+        model, opt = self.state
+        x, y = batch
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    def __repr__(self) -> str:
+        return f"MLPStep(hidden={self.hidden}, depth={self.depth})"
+
+
+# ---------------------------------------------------------------------------------------------
+
+WORKLOADS: list[Workload] = [
+    Workload(
+        name="image_decode_augment",
+        description=f"{IMAGE_COUNT} JPEGs ({IMAGE_SIZE}px) decoded with PIL, random resized crop "
+                    f"to {IMAGE_CROP}, flip, colour jitter; a tiny CNN step. CPU-bound loading: "
+                    "best with about as many workers as CPUs.",
+        make_dataset=make_image_dataset,
+        step=ImageStep(),
+        batch_size=32,
+        expected_workers=(2, 4),
+    ),
+    Workload(
+        name="io_latency",
+        description="Each sample sleeps 1 ms (network or disk latency) and returns 64 floats; a "
+                    "linear step. Waiting, not computing: best with many more workers than CPUs.",
+        make_dataset=make_latency_dataset,
+        step=LinearStep(),
+        batch_size=32,
+        expected_workers=(8, 32),
+    ),
+    Workload(
+        name="tiny_tensors",
+        description="Rows of an in-memory 500k x 32 tensor, batch 256, a linear step. Loading is "
+                    "nearly free, so workers only add inter-process costs: best in-process.",
+        make_dataset=make_rows_dataset,
+        step=LinearStep(dim=32),
+        batch_size=256,
+        expected_workers=(0, 0),
+    ),
+    Workload(
+        name="text_padding",
+        description=f"{TEXT_LINES} lines tokenized per sample (regex, vocabulary, hashed "
+                    "bigrams), padded per batch by collate_fn; an embedding model with Adam. The "
+                    "step dominates: one worker hides the loading, more only compete for CPU.",
+        make_dataset=make_text_dataset,
+        step=TextStep(),
+        batch_size=64,
+        loader_kwargs={"collate_fn": train_text.collate_fn},
+        expected_workers=(1, 1),
+    ),
+    Workload(
+        name="cpu_step_competes",
+        description="Per-sample signal synthesis + STFT features (numpy, ~0.15 ms) and an MLP "
+                    "step on torch's intra-op threads, of similar cost: workers and step share "
+                    "the cores, so few workers win.",
+        make_dataset=make_spectrum_dataset,
+        step=MLPStep(),
+        batch_size=64,
+        expected_workers=(1, 2),
+    ),
+]
+
+WORKLOAD_BY_NAME: dict[str, Workload] = {w.name: w for w in WORKLOADS}

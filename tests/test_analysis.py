@@ -1,0 +1,110 @@
+"""Tests of loadertune.analysis: bottleneck thresholds, GPU histogram, per-setting evidence."""
+
+from __future__ import annotations
+
+import pytest
+
+from loadertune.analysis import (
+    COMPUTE_BOUND_BLOCKED,
+    INPUT_BOUND_BLOCKED,
+    bottleneck,
+    ceilings,
+    describe_trial,
+    gpu_histogram,
+)
+from loadertune.failures import Failure
+from loadertune.meter import Measurement
+from loadertune.probe import Estimates
+from loadertune.resources import ResourceUsage
+from loadertune.space import Config
+from loadertune.trial import TrialResult
+
+
+def _ok(rate: float, blocked: float, gpu: list[int] | None = None) -> TrialResult:
+    m = Measurement(samples_per_s=rate, sub_window_samples_per_s=[rate] * 4, blocked_fraction=blocked,
+                    first_batch_s=0.01, warmup_s=0.1, window_s=1.0, n_samples=int(rate),
+                    n_batches=max(1, int(rate) // 32), complete=True)
+    res = ResourceUsage(gpu_index=0, gpu_util_percent=gpu) if gpu is not None else None
+    return TrialResult(config=Config(32, 2), phase="confirm", measurement=m, resources=res)
+
+
+def _failed() -> TrialResult:
+    return TrialResult(config=Config(32, 2), failure=Failure("timeout", "hung", "spawn"))
+
+
+@pytest.mark.parametrize(
+    ("blocked", "expected"),
+    [(0.5, "input"), (0.01, "compute"), (0.1, "balanced"), (1.0, "input"), (0.0, "compute"),
+     (INPUT_BOUND_BLOCKED, "input"), (COMPUTE_BOUND_BLOCKED, "compute"), (0.19, "balanced"),
+     (0.06, "balanced")],
+)
+def test_bottleneck(blocked: float, expected: str) -> None:
+    assert bottleneck(blocked) == expected
+
+
+def test_gpu_histogram_bands() -> None:
+    hist = gpu_histogram([0, 5, 9, 10, 49, 50, 89, 90, 99, 100])
+    assert list(hist) == ["0-10%", "10-50%", "50-90%", "90-100%"]
+    assert hist == {"0-10%": pytest.approx(0.3), "10-50%": pytest.approx(0.2),
+                    "50-90%": pytest.approx(0.2), "90-100%": pytest.approx(0.3)}
+
+
+@pytest.mark.parametrize("samples", [[0], [100] * 7, [0, 99, 0, 99, 0], list(range(101))])
+def test_gpu_histogram_fractions_sum_to_one(samples: list[int]) -> None:
+    assert sum(gpu_histogram(samples).values()) == pytest.approx(1.0)
+
+
+def test_gpu_histogram_starved_gpu_swings() -> None:
+    """A GPU waiting for data: mostly idle or saturated, little in between."""
+    hist = gpu_histogram([0, 0, 99, 100, 0, 98, 0, 0])
+    assert hist["0-10%"] + hist["90-100%"] == pytest.approx(1.0)
+    assert hist["10-50%"] == hist["50-90%"] == 0.0
+
+
+def test_gpu_histogram_empty() -> None:
+    assert gpu_histogram([]) == {"0-10%": 0.0, "10-50%": 0.0, "50-90%": 0.0, "90-100%": 0.0}
+
+
+def test_describe_trial_takes_medians() -> None:
+    out = describe_trial([_ok(100.0, 0.5), _ok(300.0, 0.1), _ok(200.0, 0.3)])
+    assert out is not None
+    assert out["blocked_fraction"] == pytest.approx(0.3)
+    assert out["samples_per_s"] == pytest.approx(200.0)
+    assert out["bottleneck"] == "input"
+    assert "gpu_util_mean" not in out
+    assert "gpu_util_histogram" not in out
+
+
+def test_describe_trial_ignores_failed_results() -> None:
+    out = describe_trial([_failed(), _ok(100.0, 0.01), _failed(), _ok(120.0, 0.03)])
+    assert out is not None
+    assert out["samples_per_s"] == pytest.approx(110.0)
+    assert out["blocked_fraction"] == pytest.approx(0.02)
+    assert out["bottleneck"] == "compute"
+
+
+def test_describe_trial_without_any_success() -> None:
+    assert describe_trial([]) is None
+    assert describe_trial([_failed(), _failed()]) is None
+
+
+def test_describe_trial_gpu_evidence() -> None:
+    out = describe_trial([_ok(100.0, 0.4, gpu=[0, 100]), _ok(100.0, 0.4, gpu=[0, 50, 100, 100])])
+    assert out is not None
+    assert out["gpu_util_mean"] == pytest.approx(350 / 6)
+    assert sum(out["gpu_util_histogram"].values()) == pytest.approx(1.0)
+    assert out["gpu_util_histogram"]["90-100%"] == pytest.approx(0.5)
+
+
+def test_ceilings() -> None:
+    assert ceilings(None) == {}
+    est = Estimates(load_s_per_sample=0.001, load_cpu_fraction=0.1, worker_s_per_sample=0.001,
+                    step_s_per_sample=0.0005, step_cpu_per_sample=0.0005, usable_cpus=2,
+                    max_workers=16, consumer_ceiling=2000.0, loader_ceiling=16000.0,
+                    cpu_ceiling=3333.0)
+    out = ceilings(est)
+    assert out["achievable_samples_per_s"] == 2000.0
+    assert out["limiting_stage"] == "consumer"
+    assert out["io_bound_loading"] is True
+    assert out["workers_needed"] == est.workers_needed()
+    assert out["transfer_samples_per_s"] is None

@@ -1,0 +1,204 @@
+"""`loadertune search/run/show` end to end, on small real scripts in tests/scripts/."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from loadertune import hardware, store
+
+SCRIPTS = Path(__file__).parent / "scripts"
+FAST = ["--budget", "12", "--trials", "4", "--window", "0.3", "--fresh"]
+
+
+def loadertune(*args: str, cwd: Path | None = None, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "loadertune", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=timeout)
+
+
+def search(script: str, tmp_path: Path, *extra: str, script_args: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    out = tmp_path / "rec.json"
+    args = ["search", str(SCRIPTS / script), "--out", str(out), "--json", *FAST, *extra]
+    if script_args:
+        args += ["--", *script_args]
+    return loadertune(*args)
+
+
+def summary(proc: subprocess.CompletedProcess[str]) -> dict:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", ["style_alias.py", "style_as.py", "style_subclass.py"])
+def test_every_import_style_is_tuned(script: str, tmp_path: Path) -> None:
+    data = summary(search(script, tmp_path))
+    assert data["loader_kwargs"]["num_workers"] >= 0
+    assert data["workload"]["loader_index"] == 1
+    assert data["workload"]["call_site"].split(":")[0].endswith(script)
+    phases = [t["phase"] for t in data["trials"]]
+    assert phases[0] == "baseline" and "replay" in phases
+    assert data["baseline"]["loader_kwargs"]["batch_size"] == 16  # the script's own, found
+    assert (tmp_path / "rec.json").exists()
+
+
+@pytest.mark.slow
+def test_script_arguments_pass_through(tmp_path: Path) -> None:
+    """style_from.py exits unless it gets exactly these arguments."""
+    data = summary(search("style_from.py", tmp_path, script_args=("--epochs", "3", "--lr", "0.1")))
+    assert data["samples_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_the_first_loader_iterated_is_tuned(tmp_path: Path) -> None:
+    """train_val.py creates the validation loader first and iterates the training one first."""
+    data = summary(search("train_val.py", tmp_path))
+    assert data["workload"]["loader_index"] == 2
+    assert data["workload"]["call_site"].endswith("train_val.py:10")
+    assert data["baseline"]["loader_kwargs"]["num_workers"] == 1
+    by_site = summary(search("train_val.py", tmp_path, "--loader", "train_val.py:10"))
+    assert by_site["workload"]["loader_index"] == 2
+
+
+@pytest.mark.slow
+def test_killed_workers_are_recorded_and_the_search_goes_on(tmp_path: Path) -> None:
+    data = summary(search("killer.py", tmp_path, "--max-workers", "4", "--trials", "8"))
+    errors = {t["error"] for t in data["trials"]}
+    killed = [t for t in data["trials"] if t["error"] in ("worker_killed", "worker_crashed")]
+    assert killed, errors
+    assert all(t["params"]["num_workers"] >= 3 for t in killed)
+    assert data["loader_kwargs"]["num_workers"] < 3
+
+
+@pytest.mark.slow
+def test_a_script_that_ends_early_gives_a_low_confidence_result(tmp_path: Path) -> None:
+    data = summary(search("short.py", tmp_path, "--window", "5", "--trials", "3"))
+    assert data["trials"][0]["low_confidence"] is True
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("script", "extra", "message"), [
+    ("crash_early.py", (), "learning_rate"),
+    ("dataset_bug.py", (), "cannot decode sample 3"),
+    ("no_loader.py", (), "without iterating"),
+    ("never_iterates.py", ("--startup-timeout", "3"), "did not iterate a DataLoader within 3 s"),
+])
+def test_script_failures_stop_at_once_with_the_cause(script: str, extra: tuple[str, ...], message: str,
+                                                     tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    proc = search(script, tmp_path, *extra)
+    assert proc.returncode == 1
+    assert message in proc.stderr
+    assert time.monotonic() - t0 < 25  # one trial, not the whole budget
+    assert not (tmp_path / "rec.json").exists()
+
+
+@pytest.mark.parametrize(("args", "code", "message"), [
+    (["search", "no/such/train.py"], 1, "does not exist"),
+    (["search", "tests/scripts/short.py", "--batch-sizes", "0,32"], 2, "positive integers"),
+    (["search", "tests/scripts/short.py", "--budget", "-5"], 1, "budget_s must be a positive"),
+    (["search", "tests/scripts/short.py", "--max-workers", "100000"], 1, "more than anything sensible"),
+    (["search", "tests/scripts/short.py", "--loader", "x"], 2, "N (order of creation) or FILE:LINE"),
+    (["search", "tests/scripts/short.py", "--storage", "nosuchdb://x"], 1, "not a storage Optuna can open"),
+])
+def test_bad_input_is_a_clear_error(args: list[str], code: int, message: str) -> None:
+    proc = loadertune(*args, cwd=Path(__file__).parent.parent)
+    assert proc.returncode == code, proc.stderr
+    assert message in proc.stderr
+
+
+def test_a_file_that_is_not_python_is_refused(tmp_path: Path) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("these are my notes: {\n")
+    proc = loadertune("search", str(notes))
+    assert proc.returncode == 1 and "is not valid Python" in proc.stderr
+
+
+def test_a_corrupt_out_file_is_reported_before_searching_and_kept(tmp_path: Path) -> None:
+    out = tmp_path / "rec.json"
+    out.write_text("{not json")
+    proc = loadertune("search", str(SCRIPTS / "short.py"), "--out", str(out))
+    assert proc.returncode == 1 and "is not valid JSON" in proc.stderr and str(out) in proc.stderr
+    assert out.read_text() == "{not json"
+
+
+def _entry(num_workers: int) -> dict:
+    return {"loader_kwargs": {"batch_size": 16, "num_workers": num_workers, "prefetch_factor": 2,
+                              "pin_memory": False, "persistent_workers": False},
+            "workload": {"loader_index": 1, "call_site": "short.py:7"}, "samples_per_s": 123.0}
+
+
+def test_run_applies_this_machines_settings(tmp_path: Path) -> None:
+    out = tmp_path / "rec.json"
+    store.save_entry(out, hardware.current_key(), _entry(2))
+    proc = loadertune("run", str(SCRIPTS / "short.py"), "--file", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "DataLoader #1 at" in proc.stderr and "bs=16 w=2 pf=2" in proc.stderr
+
+
+def test_run_without_an_entry_runs_unchanged_and_says_why(tmp_path: Path) -> None:
+    out = tmp_path / "rec.json"
+    store.save_entry(out, "some-other-machine", _entry(2))
+    proc = loadertune("run", str(SCRIPTS / "short.py"), "--file", str(out))
+    assert proc.returncode == 0
+    assert "running without changes" in proc.stderr and "some-other-machine" in proc.stderr
+
+
+def test_run_returns_the_scripts_exit_status(tmp_path: Path) -> None:
+    script = tmp_path / "exit3.py"
+    script.write_text("raise SystemExit(3)\n")
+    assert loadertune("run", str(script), "--file", str(tmp_path / "none.json")).returncode == 3
+
+
+def test_show_marks_this_machine(tmp_path: Path) -> None:
+    out = tmp_path / "rec.json"
+    store.save_entry(out, hardware.current_key(), _entry(2))
+    store.save_entry(out, "another-box", _entry(8))
+    proc = loadertune("show", str(out))
+    assert proc.returncode == 0
+    assert "this machine" in proc.stdout and "another-box" in proc.stdout
+    data = json.loads(loadertune("show", str(out), "--json").stdout)
+    assert data["this_machine"] == hardware.current_key()
+
+
+def test_help_on_every_command() -> None:
+    for cmd in ([], ["search"], ["run"], ["show"], ["hardware"]):
+        proc = loadertune(*cmd, "--help")
+        assert proc.returncode == 0 and "Usage:" in proc.stdout
+
+
+@pytest.mark.slow
+def test_ctrl_c_keeps_the_study_and_the_file_and_resumes(tmp_path: Path) -> None:
+    out = tmp_path / "rec.json"
+    args = ["search", str(SCRIPTS / "style_alias.py"), "--out", str(out), "--budget", "120",
+            "--window", "0.3", "--study", "ctrl-c", "--json"]
+    proc = subprocess.Popen([sys.executable, "-m", "loadertune", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    storage = Path(os.environ["LOADERTUNE_CACHE_DIR"]) / "studies.db"
+    import optuna
+
+    while time.monotonic() < deadline:  # wait for a few completed trials
+        time.sleep(1.0)
+        try:
+            study = optuna.load_study(study_name="ctrl-c", storage=f"sqlite:///{storage}")
+            if sum(t.state.name == "COMPLETE" for t in study.trials) >= 3:
+                break
+        except KeyError:
+            continue
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted" in err and "run the same command again" in err
+    assert not out.exists()  # the recommendation file is left as it was
+    again = loadertune(*[a if a != "120" else "20" for a in args], "--trials", "3")
+    data = summary(again)
+    assert data["search"]["n_previous_trials"] >= 3
+    assert "probe" not in [t["phase"] for t in data["trials"]]

@@ -1,0 +1,264 @@
+"""Tests of loadertune.confirm: interleaved rounds, the winner and the "clearly better" test."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import SimpleNamespace
+
+import pytest
+
+from loadertune import confirm as confirm_mod
+from loadertune.confirm import Confirmation, confirm, interleaved
+from loadertune.failures import Failure
+from loadertune.meter import Measurement
+from loadertune.space import Config
+from loadertune.trial import TrialResult
+
+A, B, C = Config(64), Config(64, 2), Config(64, 4, 4)
+
+
+def _result(config: Config, rate: float | None, *, sub: list[float] | None = None,
+            pruned: bool = False) -> TrialResult:
+    """A confirm-phase result at ``rate`` samples/s, or a failed one when ``rate`` is None."""
+    if rate is None:
+        return TrialResult(config=config, phase="confirm",
+                           failure=Failure("worker_killed", "killed", "fewer workers"))
+    m = Measurement(samples_per_s=rate, sub_window_samples_per_s=sub if sub is not None else [rate] * 4,
+                    blocked_fraction=0.1, first_batch_s=0.01, warmup_s=0.1, window_s=1.0,
+                    n_samples=int(rate), n_batches=max(1, int(rate) // 64), complete=True)
+    return TrialResult(config=config, phase="confirm", measurement=m, pruned=pruned)
+
+
+def _confirmation(baseline: Config, values: dict[Config, list[float]],
+                  subs: dict[Config, list[list[float]]] | None = None) -> Confirmation:
+    conf = Confirmation(baseline=baseline)
+    for config, vals in values.items():
+        conf.values[config] = list(vals)
+        per_round = (subs or {}).get(config) or [None] * len(vals)
+        conf.results[config] = [_result(config, v, sub=s) for v, s in zip(vals, per_round)]
+    return conf
+
+
+# -- interleaved -------------------------------------------------------------------------------------
+
+
+def test_interleaved_three_by_three_is_rotations() -> None:
+    assert interleaved([A, B, C], 3) == [A, B, C, B, C, A, C, A, B]
+
+
+def test_interleaved_no_setting_always_first_or_last() -> None:
+    order = interleaved([A, B, C], 3)
+    rounds = [order[i:i + 3] for i in range(0, 9, 3)]
+    for r in rounds:
+        assert sorted(r) == sorted([A, B, C])  # each setting once per round
+    for position in range(3):
+        assert {r[position] for r in rounds} == {A, B, C}  # each setting once in each position
+
+
+def test_interleaved_more_rounds_than_configs_and_edge_cases() -> None:
+    assert interleaved([A, B], 3) == [A, B, B, A, A, B]
+    assert interleaved([A], 2) == [A, A]
+    assert interleaved([A, B, C], 0) == []
+    assert interleaved([A, B, C], 1) == [A, B, C]
+
+
+# -- Confirmation ------------------------------------------------------------------------------------
+
+
+def test_median_winner_spread() -> None:
+    conf = _confirmation(A, {A: [100.0, 110.0, 90.0], B: [200.0, 190.0, 210.0]})
+    assert conf.median(A) == 100.0
+    assert conf.median(B) == 200.0
+    assert conf.median(C) is None
+    assert conf.winner == B
+    assert conf.spread(B) == pytest.approx(20.0 / 200.0)
+    assert conf.spread(A) == pytest.approx(20.0 / 100.0)
+    assert conf.speedup == pytest.approx(2.0)
+
+
+def test_winner_is_by_median_not_by_best_round() -> None:
+    """One lucky round does not make a winner."""
+    conf = _confirmation(A, {A: [100.0, 100.0, 100.0], B: [500.0, 90.0, 95.0]})
+    assert conf.winner == A
+
+
+def test_spread_with_fewer_than_two_rounds_is_zero() -> None:
+    conf = _confirmation(A, {A: [100.0]})
+    assert conf.spread(A) == 0.0
+    assert conf.spread(B) == 0.0
+
+
+def test_winner_none_without_values() -> None:
+    assert Confirmation(baseline=A).winner is None
+    conf = Confirmation(baseline=A, values={A: [], B: []})
+    assert conf.winner is None
+    assert conf.clearly_better is False
+    assert conf.speedup is None
+
+
+def test_clearly_better_when_worst_round_beats_baselines_best() -> None:
+    conf = _confirmation(A, {A: [100.0, 110.0, 90.0], B: [200.0, 190.0, 210.0]})
+    assert conf.clearly_better is True
+    assert conf.within_noise is False
+
+
+def test_not_clearly_better_when_rounds_overlap() -> None:
+    conf = _confirmation(A, {A: [100.0, 110.0, 90.0], B: [200.0, 105.0, 210.0]})
+    assert conf.winner == B
+    assert conf.clearly_better is False
+    assert conf.within_noise is True
+
+
+def test_not_clearly_better_when_equal() -> None:
+    """Worst equals best: not *beaten*."""
+    conf = _confirmation(A, {A: [100.0, 110.0], B: [110.0, 120.0]})
+    assert conf.clearly_better is False
+
+
+def test_not_clearly_better_when_winner_is_the_baseline() -> None:
+    conf = _confirmation(A, {A: [300.0, 310.0, 305.0], B: [100.0, 110.0, 90.0]})
+    assert conf.winner == A
+    assert conf.clearly_better is False
+    assert conf.within_noise is True
+
+
+def test_single_round_falls_back_to_sub_window_rates() -> None:
+    clear = _confirmation(A, {A: [100.0], B: [200.0]},
+                          subs={A: [[98.0, 101.0, 100.0, 102.0]], B: [[195.0, 205.0, 198.0, 202.0]]})
+    assert clear.clearly_better is True
+    overlap = _confirmation(A, {A: [100.0], B: [200.0]},
+                            subs={A: [[90.0, 150.0, 100.0, 95.0]], B: [[140.0, 260.0, 200.0, 210.0]]})
+    assert overlap.clearly_better is False
+
+
+def test_sub_window_fallback_needs_two_rates_each() -> None:
+    conf = _confirmation(A, {A: [100.0], B: [200.0]}, subs={A: [[100.0]], B: [[200.0, 201.0]]})
+    assert conf.clearly_better is False
+
+
+def test_two_rounds_of_one_side_are_not_enough() -> None:
+    """Two rounds of the winner but one of the baseline: the sub-window rates decide."""
+    conf = _confirmation(A, {A: [100.0], B: [200.0, 210.0]},
+                         subs={A: [[90.0, 250.0]], B: [[190.0, 210.0], [205.0, 215.0]]})
+    assert conf.clearly_better is False  # by rounds (200 > 100) it would have been True
+
+
+def test_baseline_failing_every_round_is_clearly_beaten() -> None:
+    conf = Confirmation(baseline=A)
+    conf.values = {A: [], B: [150.0, 160.0, 155.0]}
+    conf.results = {A: [_result(A, None)] * 3, B: [_result(B, v) for v in (150.0, 160.0, 155.0)]}
+    assert conf.winner == B
+    assert conf.clearly_better is True
+    assert conf.speedup is None  # no baseline rate to divide by
+
+
+def test_baseline_never_run_is_not_clearly_beaten() -> None:
+    conf = _confirmation(A, {B: [150.0, 160.0, 155.0]})
+    assert conf.winner == B
+    assert conf.clearly_better is False
+
+
+# -- confirm -----------------------------------------------------------------------------------------
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
+    """A fake ``time.monotonic`` for loadertune.confirm alone."""
+    fake = _Clock()
+    monkeypatch.setattr(confirm_mod, "time", SimpleNamespace(monotonic=fake))
+    return fake
+
+
+def _runner(clock: _Clock, rates: dict[Config, list[float | None]],
+            wall: float = 10.0) -> tuple[Callable[[Config], TrialResult], list[Config]]:
+    """A fake ``run``: each call takes ``wall`` seconds of the fake clock and is recorded."""
+    ran: list[Config] = []
+
+    def run(config: Config) -> TrialResult:
+        rate = rates[config][sum(c == config for c in ran)]
+        ran.append(config)
+        clock.now += wall
+        return _result(config, rate)
+
+    return run, ran
+
+
+def test_confirm_runs_interleaved_rounds(clock: _Clock) -> None:
+    rates: dict[Config, list[float | None]] = {A: [100.0, 101.0, 99.0], B: [200.0, 210.0, 190.0],
+                                               C: [150.0, 150.0, 150.0]}
+    run, ran = _runner(clock, rates)
+    outcome = confirm(run, [B, C], A, rounds=3, deadline=1000.0, trial_wall_s=10.0)
+    assert ran == [B, C, A, C, A, B, A, B, C]
+    assert outcome.baseline == A
+    assert outcome.values == {B: [200.0, 210.0, 190.0], C: [150.0] * 3, A: [100.0, 101.0, 99.0]}
+    assert [len(outcome.results[c]) for c in (A, B, C)] == [3, 3, 3]
+    assert outcome.winner == B
+    assert outcome.clearly_better is True
+
+
+def test_confirm_stops_at_the_deadline(clock: _Clock) -> None:
+    """A trial that would end past the deadline is not started."""
+    rates: dict[Config, list[float | None]] = {A: [100.0] * 3, B: [200.0] * 3, C: [150.0] * 3}
+    run, ran = _runner(clock, rates)
+    outcome = confirm(run, [A, B], C, rounds=3, deadline=55.0, trial_wall_s=10.0)
+    # t=0 A, 10 B, 20 C, 30 B, 40 C; at 50 the next would end at 60 > 55
+    assert ran == [A, B, C, B, C]
+    assert clock.now == 50.0
+    assert outcome.values == {A: [100.0], B: [200.0, 200.0], C: [150.0, 150.0]}
+
+
+def test_confirm_past_deadline_runs_nothing(clock: _Clock) -> None:
+    clock.now = 100.0
+    run, ran = _runner(clock, {A: [1.0], B: [2.0]})
+    outcome = confirm(run, [B], A, rounds=3, deadline=105.0, trial_wall_s=10.0)
+    assert ran == []
+    assert outcome.winner is None
+    assert outcome.clearly_better is False
+
+
+def test_confirm_does_not_run_the_baseline_twice(clock: _Clock) -> None:
+    run, ran = _runner(clock, {A: [100.0, 100.0], B: [200.0, 200.0]})
+    confirm(run, [B, A, B], A, rounds=2, deadline=1000.0, trial_wall_s=10.0)
+    assert ran == [B, A, A, B]
+
+
+def test_confirm_records_failures_and_ignores_pruned_rates(clock: _Clock) -> None:
+    ran: list[Config] = []
+
+    def run(config: Config) -> TrialResult:
+        ran.append(config)
+        clock.now += 1.0
+        if config == A:
+            return _result(A, None)
+        return _result(config, 300.0, pruned=len(ran) == 1)
+
+    outcome = confirm(run, [B], A, rounds=2, deadline=1000.0, trial_wall_s=1.0)
+    assert ran == [B, A, A, B]
+    assert outcome.values == {B: [300.0], A: []}  # the pruned round does not count
+    assert len(outcome.results[A]) == 2
+    assert all(r.error == "worker_killed" for r in outcome.results[A])
+    assert outcome.winner == B
+    assert outcome.clearly_better is True  # the baseline failed every round
+
+
+def test_confirm_uses_epoch_rates(clock: _Clock) -> None:
+    """The value of a round is the rate over a whole epoch, start-up included."""
+    def run(config: Config) -> TrialResult:
+        clock.now += 1.0
+        result = _result(config, 1000.0)
+        result.epoch_samples = 1000
+        assert result.measurement is not None
+        result.measurement.first_batch_s = 1.0 if config.num_workers else 0.0
+        return result
+
+    outcome = confirm(run, [B], A, rounds=1, deadline=1000.0, trial_wall_s=1.0)
+    assert outcome.values[A] == [1000.0]
+    assert outcome.values[B] == [pytest.approx(500.0)]  # 1000 samples in 1 s + 1 s start-up

@@ -1,0 +1,145 @@
+"""In-process trials over real multi-worker DataLoaders, and every way they fail."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from loadertune.inline import InlineRunner
+from loadertune.space import Config
+from loadertune.trial import Limits, window_for
+from workloads import FaultDataset, SleepDataset, TensorDataset, sleep_step
+
+pytestmark = pytest.mark.slow
+
+
+def run(runner: InlineRunner, config: Config, *, window_s: float = 0.4, phase: str = "search",
+        limits: Limits | None = None):
+    return runner.run(config, window=window_for(config, window_s=window_s),
+                      limits=limits or Limits(hang_s=5, startup_s=20, timeout_s=60), phase=phase)
+
+
+def test_measures_a_multi_worker_loader() -> None:
+    runner = InlineRunner(SleepDataset(n=20000, sleep_s=0.0005))
+    result = run(runner, Config(32, 2, 2))
+    assert result.ok and result.error is None
+    assert result.params == {"batch_size": 32, "num_workers": 2, "prefetch_factor": 2,
+                             "pin_memory": False, "persistent_workers": False}
+    m = result.measurement
+    assert m is not None and m.complete and m.n_samples == 32 * m.n_batches
+    assert result.resources is not None
+    assert result.resources.n_workers == 2
+    assert result.resources.pss_bytes and result.resources.pss_bytes > 0
+    assert result.epoch_samples == 20000
+    assert m.reentry_s, "a new epoch's start-up is measured when the length is known"
+    assert result.orphans_killed == 0
+
+
+def test_more_workers_load_a_latency_bound_dataset_faster() -> None:
+    runner = InlineRunner(SleepDataset(n=50000, sleep_s=0.001))
+    one = run(runner, Config(32, 1, 2)).samples_per_s
+    four = run(runner, Config(32, 4, 2)).samples_per_s
+    assert one and four and four > 2 * one  # sleeping workers overlap; a 4x ideal, 2x for noise
+
+
+def test_fixed_arguments_pass_through() -> None:
+    calls = []
+
+    def collate(samples):
+        calls.append(len(samples))
+        return torch.stack(samples)
+
+    runner = InlineRunner(TensorDataset(n=1000), fixed={"collate_fn": collate, "drop_last": True})
+    result = run(runner, Config(64))
+    assert result.ok
+    assert calls and set(calls) == {64}  # drop_last: never a short batch
+    assert result.epoch_samples == 960
+
+
+def test_replay_measures_the_step_alone() -> None:
+    runner = InlineRunner(SleepDataset(n=5000, sleep_s=0.002), step=sleep_step(0.001))
+    replay = run(runner, Config(16), phase="replay")
+    assert replay.ok
+    assert replay.measurement is not None and replay.measurement.blocked_fraction < 0.1
+    assert runner.bytes_per_sample == 16 * 4  # 16 float32 values per sample
+
+
+@pytest.mark.parametrize(("fault", "kind"), [("sigkill", "worker_killed"),
+                                             ("sigbus", "shm_exhausted")])
+def test_a_killed_worker_is_recorded_and_not_fatal(fault: str, kind: str) -> None:
+    runner = InlineRunner(FaultDataset(fault, min_workers=2, at=40))
+    bad = run(runner, Config(8, 2, 2))
+    assert bad.error == kind and not bad.failure.user_bug  # type: ignore[union-attr]
+    assert bad.samples_per_s is None
+    good = run(runner, Config(8, 1, 2))  # below the fault's threshold: works
+    assert good.ok
+
+
+def test_a_hung_worker_times_out() -> None:
+    runner = InlineRunner(FaultDataset("hang", min_workers=1, at=20))
+    t0 = time.monotonic()
+    result = run(runner, Config(8, 2, 2), limits=Limits(hang_s=2, startup_s=10, timeout_s=30))
+    assert result.error == "timeout"
+    assert time.monotonic() - t0 < 20
+
+
+def test_a_hung_step_is_interrupted() -> None:
+    calls = {"n": 0}
+
+    def step(batch):
+        calls["n"] += 1
+        if calls["n"] > 20:
+            time.sleep(3600)
+
+    runner = InlineRunner(TensorDataset(n=100000), step=step)
+    t0 = time.monotonic()
+    result = run(runner, Config(8), limits=Limits(hang_s=1.0, startup_s=10, timeout_s=30))
+    assert result.error == "timeout"
+    assert time.monotonic() - t0 < 15
+
+
+def test_dataset_bug_is_a_user_bug() -> None:
+    runner = InlineRunner(FaultDataset("raise", at=20))
+    result = run(runner, Config(8, 2, 2))
+    assert result.error == "dataset_error" and result.failure.user_bug  # type: ignore[union-attr]
+    assert "corrupt sample" in result.failure.detail  # type: ignore[union-attr]
+
+
+def test_step_bug_is_a_user_bug() -> None:
+    def step(batch):
+        raise KeyError("labels")
+
+    result = run(InlineRunner(TensorDataset(), step=step), Config(8))
+    assert result.error == "step_error" and result.failure.user_bug  # type: ignore[union-attr]
+
+
+def test_gpu_oom_in_the_step_is_tuning_data() -> None:
+    """A fake OOM with the real message text, as accelerate's tests do."""
+    def step(batch):
+        if batch.shape[0] >= 64:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; "
+                                         "79.10 GiB total capacity; 77.00 GiB already allocated)")
+
+    runner = InlineRunner(TensorDataset(), step=step)
+    assert run(runner, Config(64)).error == "oom"
+    assert run(runner, Config(32)).ok
+
+
+def test_memory_budget_stops_a_trial() -> None:
+    class Hog(TensorDataset):
+        hoard: list[torch.Tensor] = []
+
+        def __getitem__(self, i):  # each worker grows by ~4 MB per sample
+            self.hoard.append(torch.ones(1 << 20))
+            return super().__getitem__(i)
+
+    runner = InlineRunner(Hog(n=100000))
+    from loadertune.resources import tree_pss
+
+    budget = tree_pss(__import__("os").getpid()) + 300 * 2**20
+    result = run(runner, Config(8, 2, 2), window_s=30,
+                 limits=Limits(hang_s=10, startup_s=20, timeout_s=60, memory_budget_bytes=budget))
+    assert result.error == "memory_budget"
+    assert "over the budget" in result.failure.message  # type: ignore[union-attr]

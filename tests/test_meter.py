@@ -1,0 +1,166 @@
+"""The meter: phases, sample counting, blocked time, epoch gaps, early stop."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from loadertune.meter import (
+    Measurement,
+    Meter,
+    WindowSpec,
+    fixed_count,
+    structure_count,
+)
+
+
+class Recorder:
+    """A sink that records events and can ask to stop at a given sub-window."""
+
+    def __init__(self, stop_at: int | None = None) -> None:
+        self.events: list[str] = []
+        self.progress_calls: list[tuple[int, float]] = []
+        self.stop_at = stop_at
+
+    def event(self, name: str) -> None:
+        if name != "beat":
+            self.events.append(name)
+
+    def progress(self, index: int, samples_per_s: float) -> bool:
+        self.progress_calls.append((index, samples_per_s))
+        return self.stop_at is None or index < self.stop_at
+
+
+def slow_batches(n: int, sleep_s: float, batch: int = 8):
+    for _ in range(n):
+        time.sleep(sleep_s)
+        yield torch.zeros(batch, 3)
+
+
+def run_loop(meter: Meter, iterable, step_s: float = 0.0) -> Measurement:
+    while not meter.done:
+        got = 0
+        for _ in meter.wrap(iterable):
+            got += 1
+            if step_s:
+                time.sleep(step_s)
+        if got == 0:
+            break
+    return meter.result() if meter.done else meter.finish_now()
+
+
+def test_structure_count_finds_the_leading_dimension() -> None:
+    assert structure_count(torch.zeros(5, 3)) == 5
+    assert structure_count([torch.zeros(7, 2), torch.zeros(7)]) == 7
+    assert structure_count({"x": torch.zeros(4, 2), "y": torch.zeros(4)}) == 4
+    assert structure_count(["a", "b", "c"]) == 3  # a list of plain samples counts its length
+
+
+def test_fixed_count_gives_the_short_last_batch() -> None:
+    count = fixed_count(32, epoch_samples=100)
+    assert [count(None, i) for i in range(4)] == [32, 32, 32, 4]
+    assert count(None, 4) == 32  # past the epoch: a new epoch's first batch
+    assert fixed_count(32, epoch_samples=100, drop_last=True)(None, 3) == 32
+
+
+def test_phases_and_counts() -> None:
+    rec = Recorder()
+    meter = Meter(WindowSpec(warmup_batches=3, window_s=0.2, n_sub_windows=2), sink=rec,
+                  count=fixed_count(8))
+    m = run_loop(meter, slow_batches(10_000, 0.002))
+    assert rec.events[:2] == ["first_batch", "window_start"]
+    assert rec.events[-1] == "window_end"
+    assert m.complete and not m.stopped_early
+    assert m.n_samples == 8 * m.n_batches
+    assert m.window_s >= 0.2
+    assert len(m.sub_window_samples_per_s) == 2
+    assert m.samples_per_s == pytest.approx(m.n_samples / m.window_s)
+
+
+def test_blocked_fraction_separates_loading_from_the_step() -> None:
+    """Loading 6 ms and a 2 ms step: blocked about 3/4; the exact value varies on a busy box."""
+    meter = Meter(WindowSpec(warmup_batches=1, window_s=0.3), count=fixed_count(8))
+    m = run_loop(meter, slow_batches(10_000, 0.006), step_s=0.002)
+    assert 0.55 < m.blocked_fraction < 0.95
+    assert m.step_s_per_batch > 0.001
+
+
+def test_warmup_batches_are_not_measured() -> None:
+    """The first batches are instant (a full prefetch buffer); the window must not see them."""
+    def batches():
+        for i in range(10_000):
+            if i >= 5:
+                time.sleep(0.004)
+            yield torch.zeros(8, 1)
+
+    meter = Meter(WindowSpec(warmup_batches=5, window_s=0.2), count=fixed_count(8))
+    m = run_loop(meter, batches())
+    per_batch = m.window_s / m.n_batches
+    assert per_batch > 0.003  # no instant batch inside the window
+
+
+def test_cpu_share_of_loading() -> None:
+    """Sleeping loaders use little CPU; measure_cpu tells it."""
+    meter = Meter(WindowSpec(warmup_batches=1, window_s=0.2), measure_cpu=True)
+    m = run_loop(meter, slow_batches(10_000, 0.004))
+    assert m.blocked_cpu_fraction is not None
+    assert m.blocked_cpu_fraction < 0.5
+
+
+def test_gaps_between_epochs_are_excluded() -> None:
+    """Time the loop spends between epochs (validation) is not part of the window."""
+    meter = Meter(WindowSpec(warmup_batches=1, window_s=0.3), count=fixed_count(8))
+    t0 = time.perf_counter()
+    while not meter.done:
+        for _ in meter.wrap(list(torch.zeros(6, 8, 1))):  # 6 batches per epoch, instant
+            time.sleep(0.004)
+        time.sleep(0.05)  # "validation"
+    m = meter.result()
+    wall = time.perf_counter() - t0
+    assert m.window_s < wall - 0.1  # several 50 ms gaps were left out
+    assert m.samples_per_s > 8 / 0.006  # about 8 samples per 4 ms step, gaps excluded
+    assert len(m.reentry_s) >= 1
+
+
+def test_progress_can_stop_a_window_early() -> None:
+    rec = Recorder(stop_at=1)
+    meter = Meter(WindowSpec(warmup_batches=1, window_s=1.0, n_sub_windows=4), sink=rec)
+    m = run_loop(meter, slow_batches(10_000, 0.002))
+    assert m.stopped_early and not m.complete
+    assert [i for i, _ in rec.progress_calls] == [0, 1]
+    assert m.window_s < 0.9
+
+
+def test_finish_now_gives_a_partial_result_when_data_runs_out() -> None:
+    meter = Meter(WindowSpec(warmup_batches=2, window_s=10.0))
+    for _ in meter.wrap(slow_batches(8, 0.002)):
+        pass
+    m = meter.finish_now()
+    assert m is not None and not m.complete and m.low_confidence
+    assert m.n_batches == 5  # 8 batches: first, 2 warm-up, then 5 in the window
+    assert Meter(WindowSpec(1, 1.0)).finish_now() is None  # never opened
+
+
+def test_failed_in_next_tells_loader_errors_from_step_errors() -> None:
+    def broken():
+        yield torch.zeros(2)
+        raise RuntimeError("DataLoader worker (pid 1) is killed by signal: Killed.")
+
+    meter = Meter(WindowSpec(0, 1.0))
+    with pytest.raises(RuntimeError, match="killed by signal"):
+        for _ in meter.wrap(broken()):
+            pass
+    assert meter.failed_in_next
+
+    meter = Meter(WindowSpec(0, 1.0))
+    with pytest.raises(ValueError, match="step bug"):
+        for _ in meter.wrap(slow_batches(5, 0.0)):
+            raise ValueError("step bug")
+    assert not meter.failed_in_next
+
+
+def test_iterating_before_wrap_is_an_error() -> None:
+    with pytest.raises(RuntimeError, match="wrap"):
+        next(Meter(WindowSpec(0, 1.0)))

@@ -1,0 +1,172 @@
+"""Tests of loadertune.report: the per-trial line, the tables, the plain (non-terminal) view."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from loadertune.api import Recommendation
+from loadertune.failures import Failure
+from loadertune.hardware import Hardware
+from loadertune.meter import Measurement
+from loadertune.report import LiveView, summary_lines, summary_table, trial_line, trials_table
+from loadertune.space import Config
+from loadertune.trial import TrialResult
+
+
+def _measurement(rate: float, blocked: float = 0.25, sub: list[float] | None = None) -> Measurement:
+    return Measurement(samples_per_s=rate, sub_window_samples_per_s=sub or [rate] * 4,
+                       blocked_fraction=blocked, first_batch_s=0.01, warmup_s=0.1, window_s=1.0,
+                       n_samples=int(rate), n_batches=10, complete=True)
+
+
+OK = TrialResult(config=Config(64, 4, 2, True, False), phase="search",
+                 measurement=_measurement(12345.6, 0.25, [900.0, 1000.0, 1100.0, 1000.0]))
+FAILED = TrialResult(config=Config(128, 8, 4), phase="search",
+                     failure=Failure("shm_exhausted", "a DataLoader worker ran out of shared memory",
+                                     "raise --shm-size"))
+PRUNED = TrialResult(config=Config(32, 1, 1, False, True), phase="search",
+                     measurement=_measurement(500.0, 0.9), pruned=True)
+SKIPPED = TrialResult(config=Config(256, 16), phase="search", skipped="over the memory budget")
+
+
+def _render(renderable: object) -> str:
+    buf = io.StringIO()
+    Console(file=buf, width=250, force_terminal=False, color_system=None).print(renderable)
+    return buf.getvalue()
+
+
+def test_trial_line_ok() -> None:
+    line = trial_line(OK)
+    assert line.startswith("search ")
+    assert "bs=64 w=4 pf=2 pin" in line
+    assert "12,346 samples/s" in line
+    assert "blocked 25%" in line
+    assert "spread 20%" in line  # (1100 - 900) / 1000
+    assert "FAILED" not in line
+    assert "pruned" not in line
+
+
+def test_trial_line_failed() -> None:
+    line = trial_line(FAILED)
+    assert "bs=128 w=8 pf=4" in line
+    assert "FAILED shm_exhausted: a DataLoader worker ran out of shared memory" in line
+    assert "samples/s" not in line
+
+
+def test_trial_line_pruned() -> None:
+    line = trial_line(PRUNED)
+    assert "bs=32 w=1 pf=1 persist" in line
+    assert "500 samples/s" in line
+    assert line.endswith("(pruned)")
+
+
+def test_trial_line_skipped() -> None:
+    line = trial_line(SKIPPED)
+    assert "bs=256 w=16 pf=2" in line
+    assert "skipped: over the memory budget" in line
+
+
+def test_trial_line_phase() -> None:
+    confirm = TrialResult(config=Config(64), phase="confirm", measurement=_measurement(100.0))
+    line = trial_line(confirm)
+    assert line.startswith("confirm ")
+    assert "bs=64 w=0" in line
+
+
+def test_trials_table_lists_every_trial() -> None:
+    trials = [OK, FAILED, PRUNED, SKIPPED]
+    table = trials_table(trials)
+    assert table.row_count == 4
+    text = _render(table)
+    for t in trials:
+        assert t.config.label() in text
+    assert "shm_exhausted: a DataLoader worker ran out of shared memory" in text
+    assert "pruned" in text
+    assert "skipped" in text
+    assert "12,346" in text
+
+
+def test_live_view_prints_plain_lines_off_terminal() -> None:
+    buf = io.StringIO()
+    console = Console(file=buf, width=250, force_terminal=False, color_system=None)
+    with LiveView(console) as view:
+        view.search_started(deadline=0.0, budget_s=60.0)
+        view.phase("explore")
+        view.trial_started(FAILED.config, "search")
+        view.trial_finished(FAILED, best=OK)
+        view.trial_started(None, "baseline")
+        view.trial_finished(OK, best=OK)
+    out = buf.getvalue()
+    lines = out.splitlines()
+    assert lines[0] == "loadertune: searching for up to 60 s"
+    assert lines[1] == trial_line(FAILED)
+    assert lines[2] == trial_line(OK)
+    assert len(lines) == 3
+
+
+def _recommendation(**overrides: object) -> Recommendation:
+    hw = Hardware(cpu_model="AMD EPYC", usable_cpus=2, logical_cpus=2, physical_cores=1,
+                  cpu_quota=None, memory_total_bytes=16 * 2**30, memory_available_bytes=8 * 2**30,
+                  memory_limit_bytes=None, shm_total_bytes=None, shm_free_bytes=None,
+                  open_files_limit=1024, gpus=(), gpu_note="NVML unavailable: test",
+                  driver_version=None)
+    fields: dict[str, object] = {
+        "loader_kwargs": Config(128, 4).loader_kwargs(),
+        "samples_per_s": 4000.0,
+        "baseline_kwargs": Config(64).loader_kwargs(),
+        "baseline_samples_per_s": 1000.0,
+        "speedup": 3.5,
+        "within_noise": False,
+        "best_at_batch_size": {"loader_kwargs": Config(64, 4).loader_kwargs(), "samples_per_s": 3000.0},
+        "trials": [OK, FAILED],
+        "diagnosis": {"bottleneck": "compute", "ceiling_samples_per_s": 5000.0,
+                      "percent_of_ceiling": 80.0, "ceilings": {"limiting_stage": "consumer"},
+                      "winner": {"bottleneck": "compute"}, "baseline": {"bottleneck": "input"}},
+        "hardware": hw,
+        "search": {"n_trials": 2, "elapsed_s": 42.0, "stop_reason": "budget", "study_name": "s",
+                   "storage": "sqlite:///x.db"},
+        "winner": {"samples_per_s": 4000.0, "epoch_samples_per_s": 3900.0, "blocked_fraction": 0.02,
+                   "spread": 0.05, "cpu_percent_main": 95.0, "cpu_percent_workers": 180.0,
+                   "pss_bytes": 3 * 2**30},
+        "baseline": {"samples_per_s": 1000.0, "blocked_fraction": 0.6},
+    }
+    fields.update(overrides)
+    return Recommendation(**fields)  # type: ignore[arg-type]
+
+
+def test_summary_lines() -> None:
+    lines = summary_lines(_recommendation())
+    assert lines[0] == "speed-up 3.50x per epoch (clearly faster than your settings)"
+    assert any("estimated ceiling 5,000 samples/s (limited by the consumer)" in line
+               and "80%" in line for line in lines)
+    assert any(line.startswith("best at your batch size: bs=64 w=4 pf=2") for line in lines)
+    assert any("2 trials in 42 s, stopped: budget" in line for line in lines)
+
+
+def test_summary_lines_within_noise_and_same_batch_size() -> None:
+    rec = _recommendation(within_noise=True, speedup=1.01,
+                          best_at_batch_size={"loader_kwargs": Config(128, 4).loader_kwargs()})
+    lines = summary_lines(rec)
+    assert "within the noise of your settings" in lines[0]
+    assert not any(line.startswith("best at your batch size") for line in lines)
+
+
+def test_summary_table_sets_baseline_beside_winner() -> None:
+    text = _render(summary_table(_recommendation()))
+    assert "2 usable CPUs" in text
+    assert "bs=64 w=0" in text  # baseline
+    assert "bs=128 w=4 pf=2" in text  # winner
+    assert "4,000" in text
+    assert "95% + 180%" in text
+    assert "3,072 MiB" in text
+    assert "input" in text
+    assert "compute" in text
+
+
+def test_summary_table_without_batch_size_in_kwargs() -> None:
+    """A script's own batch size is hidden from the kwargs; the table shows them as they are."""
+    kwargs = {"num_workers": 4, "prefetch_factor": 2, "pin_memory": False, "persistent_workers": False}
+    text = _render(summary_table(_recommendation(loader_kwargs=kwargs)))
+    assert "'num_workers': 4" in text

@@ -1,0 +1,266 @@
+"""Tests of loadertune.store: reading, merging and atomically replacing the recommendation file."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import loadertune
+from loadertune import store
+from loadertune.errors import NoRecommendationError, RecommendationFileError
+
+
+def _entry(bs: int = 64, **extra: object) -> dict[str, object]:
+    return {"loader_kwargs": {"batch_size": bs, "num_workers": 2}, **extra}
+
+
+def _backups(path: Path) -> list[Path]:
+    return sorted(path.parent.glob(f"{path.name}.corrupt-*"))
+
+
+def test_read_missing_file_is_empty_document(tmp_path: Path) -> None:
+    doc = store.read(tmp_path / "nope.json")
+    assert doc == {"schema": store.SCHEMA, "schema_version": store.SCHEMA_VERSION, "machines": {}}
+    assert not (tmp_path / "nope.json").exists()
+
+
+def test_save_creates_file_and_directories(tmp_path: Path) -> None:
+    path = tmp_path / "a" / "b" / "rec.json"
+    written = store.save_entry(path, "cpu-x2+nogpu", _entry())
+    assert written == path
+    doc = json.loads(path.read_text())
+    assert doc["schema"] == store.SCHEMA
+    assert doc["schema_version"] == store.SCHEMA_VERSION
+    assert doc["machines"] == {"cpu-x2+nogpu": _entry()}
+
+
+def test_save_accepts_str_path(tmp_path: Path) -> None:
+    path = tmp_path / "rec.json"
+    assert store.save_entry(str(path), "k", _entry()) == path
+    assert store.read(str(path))["machines"]["k"] == _entry()
+
+
+def test_save_merges_entries_of_two_keys(tmp_path: Path) -> None:
+    path = tmp_path / "rec.json"
+    store.save_entry(path, "machine-a", _entry(32))
+    store.save_entry(path, "machine-b", _entry(128))
+    machines = store.read(path)["machines"]
+    assert machines == {"machine-a": _entry(32), "machine-b": _entry(128)}
+
+
+def test_save_replaces_the_entry_of_the_same_key(tmp_path: Path) -> None:
+    path = tmp_path / "rec.json"
+    store.save_entry(path, "machine-a", _entry(32))
+    store.save_entry(path, "machine-b", _entry(128))
+    store.save_entry(path, "machine-a", _entry(256, note="again"))
+    machines = store.read(path)["machines"]
+    assert machines["machine-a"] == _entry(256, note="again")
+    assert machines["machine-b"] == _entry(128)
+
+
+def test_save_keeps_unknown_top_level_fields(tmp_path: Path) -> None:
+    path = tmp_path / "rec.json"
+    path.write_text(json.dumps({"schema": store.SCHEMA, "schema_version": 1, "comment": "mine",
+                                "machines": {"old": _entry(8)}}))
+    store.save_entry(path, "new", _entry(16))
+    doc = store.read(path)
+    assert doc["comment"] == "mine"
+    assert set(doc["machines"]) == {"old", "new"}
+
+
+def test_save_leaves_no_temporary_files(tmp_path: Path) -> None:
+    path = tmp_path / "rec.json"
+    for i in range(3):
+        store.save_entry(path, f"k{i}", _entry())
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    assert leftovers == []
+
+
+def test_save_writes_non_json_values_as_text(tmp_path: Path) -> None:
+    path = tmp_path / "rec.json"
+    store.save_entry(path, "k", _entry(where=tmp_path))
+    assert store.read(path)["machines"]["k"]["where"] == str(tmp_path)
+
+
+# -- unreadable files --------------------------------------------------------------------------------
+
+_BAD_FILES = {
+    "corrupt_json": ('{"schema": "loadertune.recommendations", "machines": {', r"is not valid JSON"),
+    "empty_file": ("", r"is not valid JSON"),
+    "wrong_schema": ('{"foo": 1, "machines": {}}', r"is not a loadertune recommendation file"),
+    "json_list": ("[1, 2, 3]", r"is not a loadertune recommendation file"),
+    "newer_version": ('{"schema": "loadertune.recommendations", "schema_version": 2, "machines": {}}',
+                      r"has schema_version 2; this loadertune reads version 1"),
+    "version_zero": ('{"schema": "loadertune.recommendations", "schema_version": 0, "machines": {}}',
+                     r"has schema_version 0"),
+    "version_text": ('{"schema": "loadertune.recommendations", "schema_version": "1", "machines": {}}',
+                     r"has schema_version '1'"),
+    "no_version": ('{"schema": "loadertune.recommendations", "machines": {}}',
+                   r"has schema_version None"),
+    "machines_not_object": ('{"schema": "loadertune.recommendations", "schema_version": 1, '
+                            '"machines": []}', r"has no \"machines\" object"),
+}
+
+
+@pytest.fixture(params=sorted(_BAD_FILES))
+def bad_file(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Path, str, str]:
+    text, pattern = _BAD_FILES[request.param]
+    path = tmp_path / "rec.json"
+    path.write_text(text)
+    return path, text, pattern
+
+
+def test_read_bad_file_raises_naming_the_file(bad_file: tuple[Path, str, str]) -> None:
+    path, _, pattern = bad_file
+    with pytest.raises(RecommendationFileError, match=re.escape(str(path)) + ".*" + pattern):
+        store.read(path)
+
+
+def test_save_refuses_bad_file_and_leaves_it_alone(bad_file: tuple[Path, str, str]) -> None:
+    path, text, pattern = bad_file
+    before = path.read_bytes()
+    with pytest.raises(RecommendationFileError, match=re.escape(str(path)) + ".*" + pattern):
+        store.save_entry(path, "k", _entry())
+    assert path.read_bytes() == before == text.encode()
+    assert _backups(path) == []
+
+
+def test_save_with_force_replaces_bad_file_keeping_a_copy(bad_file: tuple[Path, str, str]) -> None:
+    path, text, _ = bad_file
+    store.save_entry(path, "k", _entry(), force=True)
+    assert store.read(path)["machines"] == {"k": _entry()}
+    backups = _backups(path)
+    assert len(backups) == 1
+    assert backups[0].parent == path.parent
+    assert backups[0].read_text() == text
+
+
+def test_entry_for_bad_file_raises(bad_file: tuple[Path, str, str]) -> None:
+    path, _, pattern = bad_file
+    with pytest.raises(RecommendationFileError, match=pattern):
+        store.entry_for(path, "k")
+
+
+def test_force_does_not_touch_a_good_file(tmp_path: Path) -> None:
+    path = tmp_path / "rec.json"
+    store.save_entry(path, "a", _entry(1))
+    store.save_entry(path, "b", _entry(2), force=True)
+    assert set(store.read(path)["machines"]) == {"a", "b"}
+    assert _backups(path) == []
+
+
+# -- entry_for ---------------------------------------------------------------------------------------
+
+
+def test_entry_for_returns_the_entry(tmp_path: Path) -> None:
+    path = tmp_path / "rec.json"
+    store.save_entry(path, "a", _entry(32))
+    store.save_entry(path, "b", _entry(64))
+    assert store.entry_for(path, "b") == _entry(64)
+
+
+def test_entry_for_unknown_key_lists_keys_present(tmp_path: Path) -> None:
+    path = tmp_path / "rec.json"
+    store.save_entry(path, "zeta-x2cpu+nogpu", _entry())
+    store.save_entry(path, "alpha-x8cpu+nvidia-h100-x1", _entry())
+    with pytest.raises(NoRecommendationError,
+                       match=r"no entry for this machine \(mine\); it has: "
+                             r"alpha-x8cpu\+nvidia-h100-x1, zeta-x2cpu\+nogpu"):
+        store.entry_for(path, "mine")
+
+
+def test_entry_for_empty_file_says_none(tmp_path: Path) -> None:
+    path = tmp_path / "rec.json"
+    path.write_text(json.dumps(store.read(path)))
+    with pytest.raises(NoRecommendationError, match=r"it has: none"):
+        store.entry_for(path, "mine")
+
+
+def test_entry_for_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "missing.json"
+    with pytest.raises(NoRecommendationError, match=re.escape(str(path)) + r" does not exist"):
+        store.entry_for(path, "k")
+
+
+def test_no_recommendation_error_is_a_lookup_error(tmp_path: Path) -> None:
+    with pytest.raises(LookupError):
+        store.entry_for(tmp_path / "missing.json", "k")
+    assert issubclass(NoRecommendationError, loadertune.LoadertuneError)
+
+
+def test_entry_for_entry_without_loader_kwargs(tmp_path: Path) -> None:
+    path = tmp_path / "rec.json"
+    store.save_entry(path, "k", {"samples_per_s": 10.0})
+    with pytest.raises(RecommendationFileError, match=r"entry for k has no \"loader_kwargs\""):
+        store.entry_for(path, "k")
+
+
+# -- two processes at once ---------------------------------------------------------------------------
+
+_N_SAVES = 100
+
+# Loads loadertune.store without the package's __init__ (which imports torch and optuna), so each
+# child starts in a fraction of a second. The code under test is the same file.
+_CHILD = textwrap.dedent(
+    """
+    import os, sys, time, types
+    pkg = types.ModuleType("loadertune")
+    pkg.__path__ = [sys.argv[1]]
+    sys.modules["loadertune"] = pkg
+    from loadertune import store
+    path, key, go, n = sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+    deadline = time.monotonic() + 30
+    while not os.path.exists(go):
+        if time.monotonic() > deadline:
+            sys.exit("never told to go")
+        time.sleep(0.001)
+    for i in range(n):
+        store.save_entry(path, key, {"loader_kwargs": {"batch_size": i + 1}, "i": i, "pid": os.getpid()})
+    """
+)
+
+
+def test_concurrent_saves_from_two_processes_both_land(tmp_path: Path) -> None:
+    """Two processes merge into one file at once: no lost entry, and the file always parses."""
+    path = tmp_path / "rec.json"
+    go = tmp_path / "go"
+    pkg_dir = str(Path(store.__file__).parent)
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _CHILD, pkg_dir, str(path), key, str(go),
+                          str(_N_SAVES)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for key in ("machine-a", "machine-b")
+    ]
+    try:
+        go.touch()
+        seen: dict[str, int] = {}
+        while any(p.poll() is None for p in procs):
+            if path.exists():
+                machines = store.read(path)["machines"]  # must parse at every moment
+                # An entry, once written, is never lost or rolled back by the other process.
+                assert set(seen) <= set(machines)
+                for key, entry in machines.items():
+                    assert entry["i"] >= seen.get(key, -1)
+                    seen[key] = entry["i"]
+            time.sleep(0.002)
+        outputs = [p.communicate(timeout=30) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, (_, err) in zip(procs, outputs):
+        assert p.returncode == 0, err.decode()
+    doc = store.read(path)
+    assert set(doc["machines"]) == {"machine-a", "machine-b"}
+    for entry in doc["machines"].values():
+        assert entry["i"] == _N_SAVES - 1
+        assert entry["loader_kwargs"] == {"batch_size": _N_SAVES}
+    assert doc["machines"]["machine-a"]["pid"] != doc["machines"]["machine-b"]["pid"]
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
