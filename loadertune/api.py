@@ -35,17 +35,26 @@ def _figures(results: list[TrialResult]) -> dict[str, Any] | None:
         "samples_per_s": statistics.median(rates),
         "epoch_samples_per_s": statistics.median(epoch),
         "rounds_samples_per_s": rates,
-        "spread": (max(rates) - min(rates)) / statistics.median(rates) if len(rates) > 1 else
-        ok[0].measurement.spread if ok[0].measurement else 0.0,
-        "blocked_fraction": statistics.median(r.measurement.blocked_fraction for r in ok if r.measurement),
-        "first_batch_s": statistics.median(r.measurement.first_batch_s for r in ok if r.measurement),
+        "spread": (max(rates) - min(rates)) / statistics.median(rates)
+        if len(rates) > 1
+        else ok[0].measurement.spread
+        if ok[0].measurement
+        else 0.0,
+        "blocked_fraction": statistics.median(
+            r.measurement.blocked_fraction for r in ok if r.measurement
+        ),
+        "first_batch_s": statistics.median(
+            r.measurement.first_batch_s for r in ok if r.measurement
+        ),
         "epoch_startup_s": statistics.median(r.epoch_startup_s for r in ok),
     }
     res = [r.resources for r in ok if r.resources is not None]
     if res:
+
         def med(values: list[float | int | None]) -> float | None:
             vals = [v for v in values if v is not None]
             return statistics.median(vals) if vals else None
+
         out["cpu_percent_main"] = med([u.cpu_percent_main for u in res])
         out["cpu_percent_workers"] = med([u.cpu_percent_workers for u in res])
         out["pss_bytes"] = med([u.pss_bytes for u in res])
@@ -94,7 +103,9 @@ class Recommendation:
     workload: dict[str, Any] = field(default_factory=dict)
     winner: dict[str, Any] | None = None
     baseline: dict[str, Any] | None = None
-    measured_at: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    measured_at: str = field(
+        default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    )
 
     def to_entry(self) -> dict[str, Any]:
         """This recommendation as an entry of the recommendation file."""
@@ -120,8 +131,9 @@ class Recommendation:
         return str(store.save_entry(path, self.hardware.key, self.to_entry(), force=force))
 
 
-def build_recommendation(outcome: SearchOutcome, hw: Hardware, *, workload: dict[str, Any],
-                         hide_batch_size: bool = False) -> Recommendation:
+def build_recommendation(
+    outcome: SearchOutcome, hw: Hardware, *, workload: dict[str, Any], hide_batch_size: bool = False
+) -> Recommendation:
     """Turn a search's outcome into a Recommendation."""
     conf = outcome.confirmation
 
@@ -148,7 +160,9 @@ def build_recommendation(outcome: SearchOutcome, hw: Hardware, *, workload: dict
         "ceilings": analysis.ceilings(outcome.estimates),
     }
     if diagnosis["ceiling_samples_per_s"] and win_fig:
-        diagnosis["percent_of_ceiling"] = 100 * win_fig["samples_per_s"] / diagnosis["ceiling_samples_per_s"]
+        diagnosis["percent_of_ceiling"] = (
+            100 * win_fig["samples_per_s"] / diagnosis["ceiling_samples_per_s"]
+        )
     return Recommendation(
         loader_kwargs=kwargs,
         samples_per_s=win_fig["samples_per_s"] if win_fig else None,
@@ -156,20 +170,30 @@ def build_recommendation(outcome: SearchOutcome, hw: Hardware, *, workload: dict
         baseline_samples_per_s=base_fig["samples_per_s"] if base_fig else None,
         speedup=speedup,
         within_noise=conf.within_noise if conf is not None else winner == base,
-        best_at_batch_size=({"loader_kwargs": at_bs.loader_kwargs(), **(at_bs_fig or {})}
-                            if at_bs is not None else None),
+        best_at_batch_size=(
+            {"loader_kwargs": at_bs.loader_kwargs(), **(at_bs_fig or {})}
+            if at_bs is not None
+            else None
+        ),
         trials=outcome.trials,
         diagnosis=diagnosis,
         hardware=hw,
-        search={"study_name": outcome.study_name, "storage": outcome.storage,
-                "stop_reason": outcome.stop_reason, "elapsed_s": outcome.elapsed_s,
-                "n_trials": len(outcome.trials), "n_previous_trials": outcome.n_previous_trials,
-                "space": {"batch_sizes": list(outcome.space.batch_sizes),
-                          "max_workers": outcome.space.max_workers,
-                          "prefetch_factors": list(outcome.space.prefetch_factors),
-                          "pin_memory": list(outcome.space.pin_memory),
-                          "persistent_workers": list(outcome.space.persistent_workers),
-                          "limits": outcome.space.limits}},
+        search={
+            "study_name": outcome.study_name,
+            "storage": outcome.storage,
+            "stop_reason": outcome.stop_reason,
+            "elapsed_s": outcome.elapsed_s,
+            "n_trials": len(outcome.trials),
+            "n_previous_trials": outcome.n_previous_trials,
+            "space": {
+                "batch_sizes": list(outcome.space.batch_sizes),
+                "max_workers": outcome.space.max_workers,
+                "prefetch_factors": list(outcome.space.prefetch_factors),
+                "pin_memory": list(outcome.space.pin_memory),
+                "persistent_workers": list(outcome.space.persistent_workers),
+                "limits": outcome.space.limits,
+            },
+        },
         workload=workload,
         winner=win_fig,
         baseline=base_fig,
@@ -189,11 +213,14 @@ def _check_fixed(loader_kwargs: Mapping[str, Any]) -> None:
         )
     unknown = sorted(set(loader_kwargs) - _LOADER_PARAMS)
     if unknown:
-        raise ConfigError(f"unknown DataLoader argument(s) {unknown}; DataLoader takes "
-                          f"{sorted(_LOADER_PARAMS)}.")
+        raise ConfigError(
+            f"unknown DataLoader argument(s) {unknown}; DataLoader takes {sorted(_LOADER_PARAMS)}."
+        )
 
 
-def _user_batch_size(batch_size: int | Sequence[int] | None, baseline: Mapping[str, Any] | None) -> int:
+def _user_batch_size(
+    batch_size: int | Sequence[int] | None, baseline: Mapping[str, Any] | None
+) -> int:
     if baseline and baseline.get("batch_size") is not None:
         return int(baseline["batch_size"])
     if isinstance(batch_size, int):
@@ -209,17 +236,32 @@ def _workload_id(dataset: Any, step: Callable[..., Any] | None, batch_sizes: Seq
         length: Any = len(dataset)
     except TypeError:
         length = "iterable"
-    text = f"{cls.__module__}.{cls.__qualname__}|{length}|{getattr(step, '__qualname__', step)}|{list(batch_sizes)}"
+    step_name = getattr(step, "__qualname__", step)
+    text = f"{cls.__module__}.{cls.__qualname__}|{length}|{step_name}|{list(batch_sizes)}"
     return f"tune_loader-{cls.__name__}-{hashlib.sha1(text.encode()).hexdigest()[:10]}"
 
 
-def run_search(runner: TrialRunner, *, baseline: Config | None, batch_sizes: Sequence[int],
-               settings: SearchSettings, observer: Observer | None, hw: Hardware,
-               workload: dict[str, Any], hide_batch_size: bool = False) -> Recommendation:
+def run_search(
+    runner: TrialRunner,
+    *,
+    baseline: Config | None,
+    batch_sizes: Sequence[int],
+    settings: SearchSettings,
+    observer: Observer | None,
+    hw: Hardware,
+    workload: dict[str, Any],
+    hide_batch_size: bool = False,
+) -> Recommendation:
     """Search with ``runner`` and build the recommendation; the runner is closed after."""
     try:
-        outcome = Search(runner, hardware=hw, baseline=baseline, batch_sizes=batch_sizes,
-                         settings=settings, observer=observer).run()
+        outcome = Search(
+            runner,
+            hardware=hw,
+            baseline=baseline,
+            batch_sizes=batch_sizes,
+            settings=settings,
+            observer=observer,
+        ).run()
     finally:
         runner.close()
     return build_recommendation(outcome, hw, workload=workload, hide_batch_size=hide_batch_size)
@@ -297,23 +339,44 @@ def tune_loader(
     user_bs = _user_batch_size(batch_size, baseline)
     sizes = normalize_batch_sizes(batch_size)
     base = Config.from_kwargs(baseline or {}, batch_size=user_bs)
-    settings = _settings(budget_s=budget_s, n_trials=n_trials, window_s=window_s,
-                         max_workers=max_workers, memory_budget_fraction=memory_budget_fraction,
-                         seed=seed, storage=storage, resume=resume, hw=hw,
-                         study_name=study_name or _workload_id(dataset, step, sizes))
+    settings = _settings(
+        budget_s=budget_s,
+        n_trials=n_trials,
+        window_s=window_s,
+        max_workers=max_workers,
+        memory_budget_fraction=memory_budget_fraction,
+        seed=seed,
+        storage=storage,
+        resume=resume,
+        hw=hw,
+        study_name=study_name or _workload_id(dataset, step, sizes),
+    )
     runner = InlineRunner(dataset, step=step, fixed=loader_kwargs)
     observer = None
     if verbose:
         from loadertune.report import LiveView
+
         observer = LiveView()
-    workload = {"kind": "dataset", "dataset": f"{type(dataset).__module__}.{type(dataset).__qualname__}",
-                "step": getattr(step, "__qualname__", None), "epoch_samples": runner.epoch_samples}
+    workload = {
+        "kind": "dataset",
+        "dataset": f"{type(dataset).__module__}.{type(dataset).__qualname__}",
+        "step": getattr(step, "__qualname__", None),
+        "epoch_samples": runner.epoch_samples,
+    }
     with observer or contextlib.nullcontext():
-        rec = run_search(runner, baseline=base, batch_sizes=sizes, settings=settings,
-                         observer=observer, hw=hw, workload=workload,
-                         hide_batch_size="batch_sampler" in loader_kwargs)
+        rec = run_search(
+            runner,
+            baseline=base,
+            batch_sizes=sizes,
+            settings=settings,
+            observer=observer,
+            hw=hw,
+            workload=workload,
+            hide_batch_size="batch_sampler" in loader_kwargs,
+        )
     if verbose:
         from loadertune.report import print_summary
+
         print_summary(rec)
     return rec
 
@@ -356,18 +419,39 @@ def tune_script(
     hw = hardware.detect()
     sizes = () if batch_size is None else normalize_batch_sizes(batch_size)
     runner = ScriptRunner(script, list(args), loader=loader)
-    ident = hashlib.sha1(f"{os.path.abspath(script)}|{list(args)}|{loader}|{list(sizes)}".encode()).hexdigest()[:10]
-    settings = _settings(budget_s=budget_s, n_trials=n_trials, window_s=window_s,
-                         max_workers=max_workers, memory_budget_fraction=memory_budget_fraction,
-                         seed=seed, storage=storage, resume=resume, hw=hw,
-                         startup_timeout_s=startup_timeout_s,
-                         study_name=study_name or f"script-{os.path.basename(str(script))}-{ident}")
+    ident = hashlib.sha1(
+        f"{os.path.abspath(script)}|{list(args)}|{loader}|{list(sizes)}".encode()
+    ).hexdigest()[:10]
+    settings = _settings(
+        budget_s=budget_s,
+        n_trials=n_trials,
+        window_s=window_s,
+        max_workers=max_workers,
+        memory_budget_fraction=memory_budget_fraction,
+        seed=seed,
+        storage=storage,
+        resume=resume,
+        hw=hw,
+        startup_timeout_s=startup_timeout_s,
+        study_name=study_name or f"script-{os.path.basename(str(script))}-{ident}",
+    )
     workload = {"kind": "script", "script": str(script), "args": list(args)}
-    rec = run_search(runner, baseline=None, batch_sizes=sizes, settings=settings,
-                     observer=observer, hw=hw, workload=workload)
+    rec = run_search(
+        runner,
+        baseline=None,
+        batch_sizes=sizes,
+        settings=settings,
+        observer=observer,
+        hw=hw,
+        workload=workload,
+    )
     info = runner.loader_info or {}
-    rec.workload.update(loader_index=info.get("index"), call_site=info.get("call_site"),
-                        dataset=info.get("dataset"), epoch_samples=info.get("epoch_samples"))
+    rec.workload.update(
+        loader_index=info.get("index"),
+        call_site=info.get("call_site"),
+        dataset=info.get("dataset"),
+        epoch_samples=info.get("epoch_samples"),
+    )
     if info.get("batch_sampler"):
         rec.loader_kwargs.pop("batch_size", None)
     return rec
@@ -376,12 +460,15 @@ def tune_script(
 def _check_baseline(baseline: Mapping[str, Any]) -> None:
     unknown = sorted(set(baseline) - set(TUNED_KEYS))
     if unknown:
-        raise ConfigError(f"baseline takes only {list(TUNED_KEYS)}, but got {unknown}; pass the "
-                          "other DataLoader arguments to tune_loader itself.")
+        raise ConfigError(
+            f"baseline takes only {list(TUNED_KEYS)}, but got {unknown}; pass the "
+            "other DataLoader arguments to tune_loader itself."
+        )
 
 
-def load_recommendation(path: str | os.PathLike[str] = "loadertune.json", *,
-                        hardware_key: str | None = None) -> dict[str, Any]:
+def load_recommendation(
+    path: str | os.PathLike[str] = "loadertune.json", *, hardware_key: str | None = None
+) -> dict[str, Any]:
     """The saved DataLoader keyword arguments for this machine.
 
     Args:
@@ -399,9 +486,13 @@ def load_recommendation(path: str | os.PathLike[str] = "loadertune.json", *,
     return dict(store.entry_for(path, key)["loader_kwargs"])
 
 
-def run_script(script: str | os.PathLike[str], args: Sequence[str] = (), *,
-               path: str | os.PathLike[str] = "loadertune.json",
-               report: Callable[[str], None] = print) -> int:
+def run_script(
+    script: str | os.PathLike[str],
+    args: Sequence[str] = (),
+    *,
+    path: str | os.PathLike[str] = "loadertune.json",
+    report: Callable[[str], None] = print,
+) -> int:
     """Run a training script for real with this machine's saved settings applied to its loader.
 
     Prints (through ``report``) what was applied, or why nothing was. Returns the script's exit
@@ -419,8 +510,12 @@ def run_script(script: str | os.PathLike[str], args: Sequence[str] = (), *,
         workload = entry.get("workload") or {}
         # Without "batch_size" in the entry, the script's batch sampler decides the batch.
         config = Config.from_kwargs(entry["loader_kwargs"], batch_size=1)
-        controller = Apply(config, index=int(workload.get("loader_index") or 1),
-                           expected_site=workload.get("call_site"), report=report)
+        controller = Apply(
+            config,
+            index=int(workload.get("loader_index") or 1),
+            expected_site=workload.get("call_site"),
+            report=report,
+        )
     except LoadertuneError as exc:
         report(f"loadertune: running without changes: {exc}")
     try:
@@ -430,7 +525,10 @@ def run_script(script: str | os.PathLike[str], args: Sequence[str] = (), *,
             with patched(controller):
                 run_as_main(str(script), list(args))
                 if controller.applied is None:
-                    report(f"loadertune: the script created no DataLoader #{controller.index}; nothing applied")
+                    report(
+                        f"loadertune: the script created no DataLoader #{controller.index}; "
+                        "nothing applied"
+                    )
     except SystemExit as exc:
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else 1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import select
 import socket
+import time
 from typing import Any
 
 
@@ -59,10 +60,11 @@ class Channel:
 
     def recv(self, timeout: float | None = None) -> dict[str, Any] | None:
         """The next message, or None if none came within ``timeout`` or the other end closed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         while b"\n" not in self._buf:
-            if self.closed or not self._fill(timeout):
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if self.closed or not self._fill(left):
                 return None
-            timeout = 0 if timeout is not None else None
         line, _, self._buf = self._buf.partition(b"\n")
         msg = json.loads(line)
         return msg if isinstance(msg, dict) else None

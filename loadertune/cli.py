@@ -31,7 +31,9 @@ def _batch_sizes(ctx: click.Context, param: click.Parameter, value: str | None) 
     try:
         sizes = [int(v) for v in value.split(",") if v.strip()]
     except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers such as 32,64,128, got {value!r}") from None
+        raise click.BadParameter(
+            f"expected comma-separated integers such as 32,64,128, got {value!r}"
+        ) from None
     if not sizes or any(s < 1 for s in sizes):
         raise click.BadParameter(f"batch sizes must be positive integers, got {value!r}")
     return sizes
@@ -52,6 +54,7 @@ def _loader(ctx: click.Context, param: click.Parameter, value: str | None) -> in
 @contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
     """SIGTERM ends a search the way Ctrl-C does: trial stopped, study kept. Restored after."""
+
     def handler(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt("SIGTERM")
 
@@ -82,33 +85,85 @@ def cli() -> None:
 @cli.command(context_settings={"ignore_unknown_options": False})
 @click.argument("script", type=click.Path(dir_okay=False))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
-@click.option("--budget", "budget_s", type=float, default=60.0, show_default=True,
-              help="Wall-clock seconds for the whole search.")
-@click.option("--trials", "n_trials", type=click.IntRange(min=1), default=None,
-              help="Cap on the settings measured (default: the budget decides).")
-@click.option("--batch-sizes", callback=_batch_sizes, default=None,
-              help="Batch sizes to search, e.g. 32,64,128 (default: keep the script's).")
-@click.option("--max-workers", type=click.IntRange(min=0), default=None,
-              help="Highest num_workers to try (default: from CPUs and memory).")
-@click.option("--loader", callback=_loader, default=None,
-              help="Which DataLoader: N (order of creation) or FILE:LINE (default: the first iterated).")
-@click.option("--storage", default=None, help="Optuna storage URL (default: SQLite in the user cache).")
-@click.option("--study", "study_name", default=None, help="Study name (default: from script and args).")
+@click.option(
+    "--budget",
+    "budget_s",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Wall-clock seconds for the whole search.",
+)
+@click.option(
+    "--trials",
+    "n_trials",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Cap on the settings measured (default: the budget decides).",
+)
+@click.option(
+    "--batch-sizes",
+    callback=_batch_sizes,
+    default=None,
+    help="Batch sizes to search, e.g. 32,64,128 (default: keep the script's).",
+)
+@click.option(
+    "--max-workers",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Highest num_workers to try (default: from CPUs and memory).",
+)
+@click.option(
+    "--loader",
+    callback=_loader,
+    default=None,
+    help="Which DataLoader: N (order of creation) or FILE:LINE (default: the first iterated).",
+)
+@click.option(
+    "--storage", default=None, help="Optuna storage URL (default: SQLite in the user cache)."
+)
+@click.option(
+    "--study", "study_name", default=None, help="Study name (default: from script and args)."
+)
 @click.option("--fresh", is_flag=True, help="Start the study afresh instead of resuming it.")
-@click.option("--out", default="loadertune.json", show_default=True, type=click.Path(dir_okay=False),
-              help="Recommendation file to merge this machine's entry into.")
+@click.option(
+    "--out",
+    default="loadertune.json",
+    show_default=True,
+    type=click.Path(dir_okay=False),
+    help="Recommendation file to merge this machine's entry into.",
+)
 @click.option("--force", is_flag=True, help="Replace an unreadable --out file (a copy is kept).")
 @click.option("--window", "window_s", type=float, default=None, help="Measured seconds per trial.")
-@click.option("--startup-timeout", "startup_timeout_s", type=float, default=120.0, show_default=True,
-              help="Seconds the script may take to reach its first batch.")
+@click.option(
+    "--startup-timeout",
+    "startup_timeout_s",
+    type=float,
+    default=120.0,
+    show_default=True,
+    help="Seconds the script may take to reach its first batch.",
+)
 @click.option("--seed", type=int, default=None, help="Seed of the sampler.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
 @click.option("--show-trials", is_flag=True, help="Print every trial in the final report.")
-def search(script: str, script_args: tuple[str, ...], budget_s: float, n_trials: int | None,
-           batch_sizes: list[int] | None, max_workers: int | None, loader: int | str | None,
-           storage: str | None, study_name: str | None, fresh: bool, out: str, force: bool,
-           window_s: float | None, startup_timeout_s: float, seed: int | None, as_json: bool,
-           show_trials: bool) -> None:
+def search(
+    script: str,
+    script_args: tuple[str, ...],
+    budget_s: float,
+    n_trials: int | None,
+    batch_sizes: list[int] | None,
+    max_workers: int | None,
+    loader: int | str | None,
+    storage: str | None,
+    study_name: str | None,
+    fresh: bool,
+    out: str,
+    force: bool,
+    window_s: float | None,
+    startup_timeout_s: float,
+    seed: int | None,
+    as_json: bool,
+    show_trials: bool,
+) -> None:
     """Tune the DataLoader of SCRIPT; its own arguments follow `--`.
 
     Each trial runs SCRIPT in a fresh process group with one setting applied, measures the
@@ -120,10 +175,21 @@ def search(script: str, script_args: tuple[str, ...], budget_s: float, n_trials:
             store.read(out)  # an unreadable file is reported now, not after the search
         with LiveView(_err) as view, _sigterm_as_interrupt():
             rec = api.tune_script(
-                script, script_args, batch_size=batch_sizes, loader=loader, budget_s=budget_s,
-                n_trials=n_trials, max_workers=max_workers, storage=storage,
-                study_name=study_name, resume=not fresh, window_s=window_s, seed=seed,
-                startup_timeout_s=startup_timeout_s, observer=view)
+                script,
+                script_args,
+                batch_size=batch_sizes,
+                loader=loader,
+                budget_s=budget_s,
+                n_trials=n_trials,
+                max_workers=max_workers,
+                storage=storage,
+                study_name=study_name,
+                resume=not fresh,
+                window_s=window_s,
+                seed=seed,
+                startup_timeout_s=startup_timeout_s,
+                observer=view,
+            )
         path = rec.save(out, force=force)
     except SearchInterrupted as exc:
         _err.print(f"[yellow]loadertune:[/] {exc}", highlight=False, soft_wrap=True)
@@ -133,20 +199,35 @@ def search(script: str, script_args: tuple[str, ...], budget_s: float, n_trials:
     print_summary(rec, _err if as_json else Console(), trials=show_trials)
     (_err if as_json else Console()).print(f"saved to {path}", highlight=False, soft_wrap=True)
     if as_json:
-        click.echo(json.dumps({"out": path, "hardware_key": rec.hardware.key, **rec.to_entry()},
-                              default=str, indent=2))
+        click.echo(
+            json.dumps(
+                {"out": path, "hardware_key": rec.hardware.key, **rec.to_entry()},
+                default=str,
+                indent=2,
+            )
+        )
 
 
 @cli.command(context_settings={"ignore_unknown_options": False})
 @click.argument("script", type=click.Path(dir_okay=False))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
-@click.option("--file", "path", default="loadertune.json", show_default=True,
-              type=click.Path(dir_okay=False), help="Recommendation file.")
+@click.option(
+    "--file",
+    "path",
+    default="loadertune.json",
+    show_default=True,
+    type=click.Path(dir_okay=False),
+    help="Recommendation file.",
+)
 def run(script: str, script_args: tuple[str, ...], path: str) -> None:
     """Run SCRIPT for real with this machine's saved settings applied to its DataLoader."""
     try:
-        code = api.run_script(script, script_args, path=path,
-                              report=lambda line: _err.print(line, highlight=False, soft_wrap=True))
+        code = api.run_script(
+            script,
+            script_args,
+            path=path,
+            report=lambda line: _err.print(line, highlight=False, soft_wrap=True),
+        )
     except LoadertuneError as exc:
         _fail(exc)
     sys.exit(code)
@@ -179,8 +260,12 @@ def show(path: str, as_json: bool) -> None:
         label = Config.from_kwargs(kwargs, batch_size=1).label() if kwargs else "-"
         speed = f"{rate:,.0f} samples/s" if rate else "-"
         speedup = entry.get("speedup")
-        console.print(f"  {label}  {speed}" + (f"  ({speedup:.2f}x over baseline)" if speedup else "")
-                      + f"  measured {entry.get('measured_at', '?')}", highlight=False)
+        console.print(
+            f"  {label}  {speed}"
+            + (f"  ({speedup:.2f}x over baseline)" if speedup else "")
+            + f"  measured {entry.get('measured_at', '?')}",
+            highlight=False,
+        )
         console.print(f"  {json.dumps(kwargs)}", highlight=False, soft_wrap=True)
 
 

@@ -50,8 +50,12 @@ class Confirmation:
         return max(ranked, key=lambda c: self.median(c) or 0.0) if ranked else None
 
     def _sub_window_rates(self, config: Config) -> list[float]:
-        return [r for res in self.results.get(config, []) if res.ok and res.measurement
-                for r in res.measurement.sub_window_samples_per_s]
+        return [
+            r
+            for res in self.results.get(config, [])
+            if res.ok and res.measurement
+            for r in res.measurement.sub_window_samples_per_s
+        ]
 
     @property
     def clearly_better(self) -> bool:

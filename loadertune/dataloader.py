@@ -8,6 +8,7 @@ reports (which device, its peak memory).
 from __future__ import annotations
 
 import contextlib
+import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -31,7 +32,7 @@ def quiet_worker_warning() -> Iterator[None]:
 
 
 def epoch_samples(loader: DataLoader[Any]) -> int | None:
-    """Samples per epoch, or None when unknown (an iterable without ``__len__``, a batch sampler)."""
+    """Samples per epoch; None when unknown (an iterable without ``__len__``, a batch sampler)."""
     if isinstance(loader.dataset, IterableDataset):
         try:
             return len(loader.dataset)  # type: ignore[arg-type]
@@ -47,7 +48,7 @@ def epoch_samples(loader: DataLoader[Any]) -> int | None:
 
 
 def sample_counter(loader: DataLoader[Any]) -> Callable[[Any, int], int]:
-    """Count samples per batch: exact arithmetic for a regular batch sampler, else the batch's shape."""
+    """Count samples per batch: arithmetic for a regular batch sampler, else the batch's shape."""
     if isinstance(loader.dataset, IterableDataset) or loader.batch_size is None:
         return structure_counter
     return fixed_count(loader.batch_size, epoch_samples(loader), loader.drop_last)
@@ -56,9 +57,13 @@ def sample_counter(loader: DataLoader[Any]) -> Callable[[Any, int], int]:
 def settings_of(loader: DataLoader[Any]) -> Config:
     """The loader's own tuned settings (its batch size is 1 when a batch sampler decides)."""
     batch_size = loader.batch_size or getattr(loader.batch_sampler, "batch_size", None) or 1
-    return Config(int(batch_size), loader.num_workers,
-                  loader.prefetch_factor if loader.num_workers else None,
-                  bool(loader.pin_memory), bool(loader.persistent_workers))
+    return Config(
+        int(batch_size),
+        loader.num_workers,
+        loader.prefetch_factor if loader.num_workers else None,
+        bool(loader.pin_memory),
+        bool(loader.persistent_workers),
+    )
 
 
 def dead_worker_signals(iterator: object) -> tuple[int, ...]:
@@ -111,7 +116,8 @@ def cuda_bus_id() -> str | None:
     bus = getattr(props, "pci_bus_id", None)
     if bus is None:
         return None
-    return f"{getattr(props, 'pci_domain_id', 0):08x}:{bus:02x}:{getattr(props, 'pci_device_id', 0):02x}.0"
+    domain, device = getattr(props, "pci_domain_id", 0), getattr(props, "pci_device_id", 0)
+    return f"{domain:08x}:{bus:02x}:{device:02x}.0"
 
 
 def nvml_index_for_current_device() -> int | None:
@@ -125,6 +131,54 @@ def nvml_index_for_current_device() -> int | None:
     ordinal = torch.cuda.current_device()
     gpus = nvml.visible_gpus()
     return gpus[ordinal].index if ordinal < len(gpus) else None
+
+
+def cuda_capacity() -> int | None:
+    """Bytes this process could hold on its GPU: free memory plus what its allocator reserved."""
+    if not torch.cuda.is_initialized():
+        return None
+    free, _total = torch.cuda.mem_get_info()
+    return int(free + torch.cuda.memory_reserved())
+
+
+def _tensors(batch: Any) -> list[torch.Tensor]:
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    if isinstance(batch, Mapping):
+        return [t for v in batch.values() for t in _tensors(v)]
+    if isinstance(batch, (list, tuple)):
+        return [t for v in batch for t in _tensors(v)]
+    return []
+
+
+def transfer_rates(batch: Any, *, repeats: int = 10) -> dict[str, float] | None:
+    """Host-to-device copy rate of this batch, from pageable and from pinned memory.
+
+    Returns samples/s and GB/s for each, or None without CUDA or without tensors.
+    """
+    if not torch.cuda.is_available():
+        return None
+    tensors = [t for t in _tensors(batch) if t.device.type == "cpu"]
+    nbytes = sum(t.element_size() * t.nelement() for t in tensors)
+    if not nbytes:
+        return None
+    samples = structure_count(batch)
+    device = torch.device("cuda", torch.cuda.current_device())
+    out: dict[str, float] = {}
+    for name, pinned in (("pageable", False), ("pinned", True)):
+        source = [t.pin_memory() if pinned else t for t in tensors]
+        for t in source:  # warm-up: allocator, pinned staging buffers
+            t.to(device, non_blocking=pinned)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            for t in source:
+                t.to(device, non_blocking=pinned)
+        torch.cuda.synchronize()  # a CPU-GPU sync point: every copy has landed
+        seconds = (time.perf_counter() - t0) / repeats
+        out[f"{name}_samples_per_s"] = samples / seconds
+        out[f"{name}_gb_per_s"] = nbytes / seconds / 1e9
+    return out
 
 
 def cuda_peaks() -> tuple[int | None, int | None]:

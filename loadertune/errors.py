@@ -20,7 +20,7 @@ class UserCodeError(LoadertuneError):
     """The user's own code failed in a way no DataLoader setting can fix.
 
     Attributes:
-        kind: short machine-readable cause (``"dataset_error"``, ``"step_error"``, ``"script_error"``).
+        kind: short machine-readable cause: ``"dataset_error"``, ``"step_error"``...
         detail: the user's traceback, as text.
     """
 

@@ -39,41 +39,76 @@ class Failure:
     detail: str = ""
 
     def to_dict(self) -> dict[str, object]:
-        return {"kind": self.kind, "message": self.message, "advice": self.advice,
-                "user_bug": self.user_bug, "detail": self.detail}
+        return {
+            "kind": self.kind,
+            "message": self.message,
+            "advice": self.advice,
+            "user_bug": self.user_bug,
+            "detail": self.detail,
+        }
 
 
 # (kind, pattern, message, advice), tried in order against the exception text.
 _PATTERNS: list[tuple[str, str, str, str]] = [
-    ("shm_exhausted", r"killed by signal: Bus error|out of shared memory|No space left on device",
-     "a DataLoader worker ran out of shared memory (/dev/shm)",
-     "raise the shared memory limit (docker run --shm-size=8g), or use fewer workers or a "
-     "smaller prefetch_factor"),
-    ("worker_killed", r"killed by signal: Killed",
-     "a DataLoader worker was killed (SIGKILL), most likely by the out-of-memory killer",
-     "use fewer workers or a smaller prefetch_factor; keep the dataset's samples in numpy "
-     "arrays or tensors rather than Python lists and dicts (copy-on-read)"),
-    ("too_many_files", r"Too many open files|received 0 items of ancdata",
-     "the process ran out of file descriptors",
-     "raise the limit (ulimit -n 65536), or call "
-     "torch.multiprocessing.set_sharing_strategy('file_system')"),
-    ("timeout", r"DataLoader timed out after",
-     "no batch arrived in time: a worker hung or deadlocked",
-     "use the 'spawn' or 'forkserver' start method, set OMP_NUM_THREADS=1 and "
-     "cv2.setNumThreads(0) in worker_init_fn, and check the dataset for locks or network waits"),
-    ("cuda_in_fork", r"Cannot re-initialize CUDA in forked subprocess",
-     "the dataset uses CUDA inside a forked DataLoader worker",
-     "keep CUDA out of the dataset (move tensors to the GPU in the training step), or pass "
-     "multiprocessing_context='spawn'"),
-    ("oom", r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED",
-     "the GPU ran out of memory",
-     "use a smaller batch size (or AMP); each trial that hits this is recorded and skipped"),
-    ("pin_memory_thread", r"Pin memory thread exited unexpectedly",
-     "the pin-memory thread died",
-     "set pin_memory=False"),
-    ("worker_crashed", r"killed by signal|exited unexpectedly",
-     "a DataLoader worker died unexpectedly",
-     "run once with num_workers=0 to see the dataset's own error; then fewer workers"),
+    (
+        "shm_exhausted",
+        r"killed by signal: Bus error|out of shared memory|No space left on device",
+        "a DataLoader worker ran out of shared memory (/dev/shm)",
+        "raise the shared memory limit (docker run --shm-size=8g), or use fewer workers or a "
+        "smaller prefetch_factor",
+    ),
+    (
+        "worker_killed",
+        r"killed by signal: Killed",
+        "a DataLoader worker was killed (SIGKILL), most likely by the out-of-memory killer",
+        "use fewer workers or a smaller prefetch_factor; keep the dataset's samples in numpy "
+        "arrays or tensors rather than Python lists and dicts (copy-on-read)",
+    ),
+    (
+        "too_many_files",
+        r"Too many open files|received 0 items of ancdata",
+        "the process ran out of file descriptors",
+        "raise the limit (ulimit -n 65536), or call "
+        "torch.multiprocessing.set_sharing_strategy('file_system')",
+    ),
+    (
+        "timeout",
+        r"DataLoader timed out after",
+        "no batch arrived in time: a worker hung or deadlocked",
+        "use the 'spawn' or 'forkserver' start method, set OMP_NUM_THREADS=1 and "
+        "cv2.setNumThreads(0) in worker_init_fn, and check the dataset for locks or network waits",
+    ),
+    (
+        "cuda_in_fork",
+        r"Cannot re-initialize CUDA in forked subprocess",
+        "the dataset uses CUDA inside a forked DataLoader worker",
+        "keep CUDA out of the dataset (move tensors to the GPU in the training step), or pass "
+        "multiprocessing_context='spawn'",
+    ),
+    (
+        "oom",
+        r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED",
+        "the GPU ran out of memory",
+        "use a smaller batch size (or AMP); each trial that hits this is recorded and skipped",
+    ),
+    (
+        "host_oom",
+        r"\bMemoryError\b",  # \b: not OutOfMemoryError; a worker's is re-raised as this
+        "a process ran out of host memory (MemoryError)",
+        "use fewer workers, a smaller prefetch_factor or a smaller batch size",
+    ),
+    (
+        "pin_memory_thread",
+        r"Pin memory thread exited unexpectedly",
+        "the pin-memory thread died",
+        "set pin_memory=False",
+    ),
+    (
+        "worker_crashed",
+        r"killed by signal|exited unexpectedly",
+        "a DataLoader worker died unexpectedly",
+        "run once with num_workers=0 to see the dataset's own error; then fewer workers",
+    ),
 ]
 
 _WORKER_WRAP = re.compile(r"Caught (\w+) in DataLoader worker process (\d+)")
@@ -104,7 +139,9 @@ def classify_text(text: str, *, where: str, detail: str = "") -> Failure:
             return Failure(kind, message, advice, detail=detail or text)
     if where == "loader":
         wrapped = _WORKER_WRAP.search(text)
-        origin = f"{wrapped.group(1)} in DataLoader worker {wrapped.group(2)}" if wrapped else "an error"
+        origin = (
+            f"{wrapped.group(1)} in DataLoader worker {wrapped.group(2)}" if wrapped else "an error"
+        )
         return Failure(
             "dataset_error",
             f"the dataset raised {origin}; this is a bug in the dataset, not a tuning problem",
@@ -124,7 +161,11 @@ def classify_text(text: str, *, where: str, detail: str = "") -> Failure:
 
 def signal_text(signum: int) -> str:
     """What torch says of a worker killed by ``signum`` ("killed by signal: Killed")."""
-    names = {signal.SIGKILL: "Killed", signal.SIGBUS: "Bus error", signal.SIGSEGV: "Segmentation fault"}
+    names = {
+        signal.SIGKILL: "Killed",
+        signal.SIGBUS: "Bus error",
+        signal.SIGSEGV: "Segmentation fault",
+    }
     return f"killed by signal: {names.get(signal.Signals(signum), _signal_name(signum))}"
 
 
@@ -139,7 +180,9 @@ def chain_text(exc: BaseException) -> str:
     return "\n".join(parts)
 
 
-def classify_exception(exc: BaseException, *, where: str, worker_signals: tuple[int, ...] = ()) -> Failure:
+def classify_exception(
+    exc: BaseException, *, where: str, worker_signals: tuple[int, ...] = ()
+) -> Failure:
     """Classify an exception raised inside a trial (see :func:`classify_text` for ``where``).
 
     Args:
@@ -149,9 +192,12 @@ def classify_exception(exc: BaseException, *, where: str, worker_signals: tuple[
     """
     detail = format_exception(exc)
     if isinstance(exc, MemoryError):
-        return Failure("host_oom", "the process ran out of host memory (MemoryError)",
-                       "use fewer workers, a smaller prefetch_factor or a smaller batch size",
-                       detail=detail)
+        return Failure(
+            "host_oom",
+            "the process ran out of host memory (MemoryError)",
+            "use fewer workers, a smaller prefetch_factor or a smaller batch size",
+            detail=detail,
+        )
     if isinstance(exc, OSError) and exc.errno == 24:  # EMFILE
         return classify_text("Too many open files", where=where, detail=detail)
     text = "\n".join([*(signal_text(s) for s in worker_signals), chain_text(exc)])
@@ -163,32 +209,46 @@ def classify_exit(returncode: int, *, output: str = "") -> Failure:
     if returncode < 0:
         sig = -returncode
         if sig == signal.SIGKILL:
-            return Failure("host_oom", "the trial process was killed (SIGKILL), most likely by the "
-                           "out-of-memory killer", "use fewer workers, a smaller prefetch_factor "
-                           "or a smaller batch size", detail=output)
+            return Failure(
+                "host_oom",
+                "the trial process was killed (SIGKILL), most likely by the out-of-memory killer",
+                "use fewer workers, a smaller prefetch_factor or a smaller batch size",
+                detail=output,
+            )
         if sig == signal.SIGBUS:
             return classify_text("killed by signal: Bus error", where="loader", detail=output)
-        return Failure("trial_crashed", f"the trial process died of {_signal_name(sig)}",
-                       "run the script once by hand with these settings to see the crash",
-                       detail=output)
+        return Failure(
+            "trial_crashed",
+            f"the trial process died of {_signal_name(sig)}",
+            "run the script once by hand with these settings to see the crash",
+            detail=output,
+        )
     if output:
         found = classify_text(output, where="script", detail=output)
         if not found.user_bug:
             return found
-    return Failure("trial_crashed", f"the trial process exited with status {returncode} without "
-                   "a result", "run the script once by hand with these settings", detail=output)
+    return Failure(
+        "trial_crashed",
+        f"the trial process exited with status {returncode} without a result",
+        "run the script once by hand with these settings",
+        detail=output,
+    )
 
 
 def hang(seconds: float) -> Failure:
     """The watchdog saw no progress for ``seconds``."""
-    return Failure("timeout", f"no progress for {seconds:.0f} s: a worker or the step hung",
-                   _PATTERNS[3][3])
+    return Failure(
+        "timeout", f"no progress for {seconds:.0f} s: a worker or the step hung", _PATTERNS[3][3]
+    )
 
 
 def memory_budget(used_bytes: int, budget_bytes: int) -> Failure:
     """The process tree's memory crossed the budget; the trial was stopped before the OOM killer."""
     gib = 2**30
-    return Failure("memory_budget",
-                   f"host memory of the trial reached {used_bytes / gib:.1f} GiB, over the budget "
-                   f"of {budget_bytes / gib:.1f} GiB", "use fewer workers or a smaller prefetch "
-                   "factor, or raise the budget (memory_budget_fraction=)")
+    return Failure(
+        "memory_budget",
+        f"host memory of the trial reached {used_bytes / gib:.1f} GiB, over the budget "
+        f"of {budget_bytes / gib:.1f} GiB",
+        "use fewer workers or a smaller prefetch "
+        "factor, or raise the budget (memory_budget_fraction=)",
+    )

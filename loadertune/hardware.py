@@ -34,14 +34,17 @@ def _read(path: str) -> str | None:
 
 
 def cgroup_cpu_quota(root: str = "/sys/fs/cgroup") -> float | None:
-    """CPUs' worth of time the cgroup allows (cgroup v2 ``cpu.max``, else v1), or None if unlimited."""
+    """CPUs' worth of time the cgroup allows (v2 ``cpu.max``, else v1); None if unlimited."""
     v2 = _read(f"{root}/cpu.max")
     if v2 is not None:
         quota, _, period = v2.partition(" ")
         if quota == "max" or not period:
             return None
         return int(quota) / int(period)
-    quota_us, period_us = _read(f"{root}/cpu/cpu.cfs_quota_us"), _read(f"{root}/cpu/cpu.cfs_period_us")
+    quota_us, period_us = (
+        _read(f"{root}/cpu/cpu.cfs_quota_us"),
+        _read(f"{root}/cpu/cpu.cfs_period_us"),
+    )
     if quota_us and period_us and int(quota_us) > 0:
         return int(quota_us) / int(period_us)
     return None
@@ -57,9 +60,13 @@ def cgroup_memory_limit(root: str = "/sys/fs/cgroup") -> int | None:
 
 
 def usable_cpus(affinity: int | None = None, quota: float | None = None) -> int:
-    """CPUs this process can really run on: affinity mask ∩ cgroup quota (rounded up), at least 1."""
+    """CPUs this process can really run on: affinity ∩ cgroup quota (rounded up), at least 1."""
     if affinity is None:
-        affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        affinity = (
+            len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
+            else os.cpu_count() or 1
+        )
     if quota is None:
         return max(1, affinity)
     return max(1, min(affinity, math.ceil(quota)))
@@ -98,7 +105,7 @@ class Hardware:
 
     @property
     def key(self) -> str:
-        """Stable key of the CPU/GPU pairing, e.g. ``amd-epyc-7b13-x2cpu+nvidia-h100-80gb-hbm3-x1``."""
+        """Stable key of the CPU/GPU pairing, e.g. ``amd-epyc-7b13-x2cpu+nvidia-h100-x1``."""
         cpu = f"{_slug(self.cpu_model)}-x{self.usable_cpus}cpu"
         if not self.gpus:
             return f"{cpu}+nogpu"
@@ -113,17 +120,20 @@ class Hardware:
         return min(available, self.memory_limit_bytes) if self.memory_limit_bytes else available
 
     def describe(self) -> str:
-        """One human line, e.g. ``2 usable CPUs (Intel Xeon, 2 logical), 23.5 GiB RAM, no GPU (...)``."""
+        """One human line: ``2 usable CPUs (Intel Xeon; 2 logical), 23.5 GiB RAM, ...``."""
         gib = 2**30
         quota = f", quota {self.cpu_quota:g} CPUs" if self.cpu_quota else ""
         parts = [
-            f"{self.usable_cpus} usable CPUs ({self.cpu_model}; {self.logical_cpus} logical{quota})",
+            f"{self.usable_cpus} usable CPUs "
+            f"({self.cpu_model}; {self.logical_cpus} logical{quota})",
             f"{self.memory_total_bytes / gib:.1f} GiB RAM",
         ]
         if self.shm_total_bytes is not None:
             parts.append(f"/dev/shm {self.shm_total_bytes / gib:.1f} GiB")
         if self.gpus:
-            parts.append(", ".join(f"{g.name} ({g.memory_total_bytes / gib:.0f} GiB)" for g in self.gpus))
+            parts.append(
+                ", ".join(f"{g.name} ({g.memory_total_bytes / gib:.0f} GiB)" for g in self.gpus)
+            )
         else:
             parts.append(f"no GPU ({self.gpu_note})" if self.gpu_note else "no GPU")
         return ", ".join(parts)

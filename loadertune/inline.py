@@ -23,7 +23,7 @@ from typing import Any
 
 import psutil
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset
 
 from loadertune import dataloader as dl
 from loadertune.errors import UserCodeError
@@ -31,6 +31,7 @@ from loadertune.failures import Failure, classify_exception
 from loadertune.meter import Meter, WindowSpec
 from loadertune.space import Config
 from loadertune.trial import Limits, ShouldStop, Supervisor, TrialResult
+
 
 def _children() -> dict[int, psutil.Process]:
     try:
@@ -57,7 +58,9 @@ class _Watchdog:
         self._before = before
         self._grace_s = interrupt_grace_s
         self._done = threading.Event()
-        self._main = threading.get_ident() if threading.current_thread() is threading.main_thread() else None
+        self._main = (
+            threading.get_ident() if threading.current_thread() is threading.main_thread() else None
+        )
         self.failure: Failure | None = None
         self.interrupted = False
         self._thread = threading.Thread(target=self._run, name="loadertune-watchdog", daemon=True)
@@ -93,8 +96,13 @@ class InlineRunner:
         fixed: the user's other DataLoader arguments (collate_fn, sampler, shuffle...), untouched.
     """
 
-    def __init__(self, dataset: Dataset[Any], *, step: Callable[[Any], Any] | None = None,
-                 fixed: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        dataset: Dataset[Any],
+        *,
+        step: Callable[[Any], Any] | None = None,
+        fixed: Mapping[str, Any] | None = None,
+    ) -> None:
         self.dataset = dataset
         self.fixed = dict(fixed or {})
         self.in_process = True
@@ -104,6 +112,7 @@ class InlineRunner:
         self._user_step = step
         self._where = "loader"
         self.bytes_per_sample: float | None = None
+        self._transfer: dict[str, float] | None = None
         self.gpu_index: int | None = None
         self.epoch_samples = self._epoch_length()
 
@@ -134,10 +143,18 @@ class InlineRunner:
         first = next(iter(loader))
         if self.bytes_per_sample is None:
             self.bytes_per_sample = dl.bytes_per_sample(first)
+        self._transfer = dl.transfer_rates(first)
         return _Repeat(first)
 
-    def run(self, config: Config | None, *, window: WindowSpec, limits: Limits, phase: str = "search",
-            should_stop: ShouldStop | None = None) -> TrialResult:
+    def run(
+        self,
+        config: Config | None,
+        *,
+        window: WindowSpec,
+        limits: Limits,
+        phase: str = "search",
+        should_stop: ShouldStop | None = None,
+    ) -> TrialResult:
         if config is None:
             raise ValueError("an in-process trial needs explicit settings")
         t0 = time.perf_counter()
@@ -146,7 +163,9 @@ class InlineRunner:
         before = set(_children())
         if torch.cuda.is_initialized():
             torch.cuda.reset_peak_memory_stats()
-        sup = Supervisor(os.getpid(), limits=limits, should_stop=should_stop, gpu_index=self.gpu_index)
+        sup = Supervisor(
+            os.getpid(), limits=limits, should_stop=should_stop, gpu_index=self.gpu_index
+        )
         dog = _Watchdog(sup, before)
         step = self._step(config)
         loader = batches = meter = None
@@ -156,8 +175,13 @@ class InlineRunner:
                 loader = self._loader(config, limits)
                 result.epoch_samples = dl.epoch_samples(loader)
                 batches = self._batches(loader, config, replay)
-                meter = Meter(window, count=dl.sample_counter(loader), sink=sup, sync=dl.cuda_sync,
-                              measure_cpu=config.num_workers == 0 and not replay)
+                meter = Meter(
+                    window,
+                    count=dl.sample_counter(loader),
+                    sink=sup,
+                    sync=dl.cuda_sync,
+                    measure_cpu=config.num_workers == 0 and not replay,
+                )
                 self._loop(meter, batches, step)
                 measurement = meter.result() if meter.done else meter.finish_now()
                 if measurement is None:
@@ -165,7 +189,12 @@ class InlineRunner:
                 result.measurement = measurement
                 result.resources = sup.window_ended()
                 result.pruned = sup.pruned
-                if not replay and not measurement.reentry_s and config.num_workers and result.epoch_samples:
+                if (
+                    not replay
+                    and not measurement.reentry_s
+                    and config.num_workers
+                    and result.epoch_samples
+                ):
                     measurement.reentry_s.append(self._reentry(loader, meter))
         except _TooShort as exc:
             result.failure = exc.failure()
@@ -175,8 +204,9 @@ class InlineRunner:
             result.failure = dog.failure
         except Exception as exc:
             signals = dl.dead_worker_signals(meter.iterator) if meter is not None else ()
-            result.failure = dog.failure or classify_exception(exc, where=self._where,
-                                                               worker_signals=signals)
+            result.failure = dog.failure or classify_exception(
+                exc, where=self._where, worker_signals=signals
+            )
         finally:
             if meter is not None:
                 meter.release()
@@ -184,6 +214,9 @@ class InlineRunner:
             gc.collect()  # DataLoader iterators shut their workers down when collected
             result.orphans_killed = kill_new_children(before)
             result.cuda_peak_allocated_bytes, result.cuda_peak_reserved_bytes = dl.cuda_peaks()
+            result.cuda_capacity_bytes = dl.cuda_capacity()
+            if replay:
+                result.transfer, self._transfer = self._transfer, None
             if torch.cuda.is_initialized():
                 result.cuda_device = dl.cuda_bus_id()
                 if result.failure is not None:

@@ -31,7 +31,8 @@ class WindowSpec:
 
     Attributes:
         warmup_batches: batches consumed after the first one and before the window; at least the
-            batches in flight (``num_workers * prefetch_factor``) so a full buffer cannot inflate it.
+            batches in flight (``num_workers * prefetch_factor``): a full buffer must not
+            inflate the window.
         window_s: seconds of the measured window.
         min_window_batches: the window also lasts at least this many batches.
         n_sub_windows: the window is split in this many equal-time parts, each reported.
@@ -117,15 +118,18 @@ def structure_count(batch: Any) -> int:
     if isinstance(batch, Mapping):
         return structure_count(next(iter(batch.values()))) if batch else 0
     if isinstance(batch, (list, tuple)):
-        if batch and (getattr(batch[0], "shape", None) is not None or isinstance(batch[0], Mapping)):
+        if batch and (
+            getattr(batch[0], "shape", None) is not None or isinstance(batch[0], Mapping)
+        ):
             return structure_count(batch[0])
         return len(batch)
     return 1
 
 
-def fixed_count(batch_size: int, epoch_samples: int | None = None, drop_last: bool = False
-                ) -> Callable[[Any, int], int]:
-    """Exact count for a regular batch sampler: ``batch_size`` except an epoch's short last batch."""
+def fixed_count(
+    batch_size: int, epoch_samples: int | None = None, drop_last: bool = False
+) -> Callable[[Any, int], int]:
+    """Exact count for a regular batch sampler: ``batch_size``, but an epoch's short last one."""
     last = None
     n_full = None
     if epoch_samples is not None and not drop_last and epoch_samples % batch_size:
@@ -339,8 +343,9 @@ class Meter:
             complete=complete,
             stopped_early=stopped_early,
             reentry_s=list(self._reentry_s),
-            blocked_cpu_fraction=(self._w_blocked_cpu / blocked
-                                  if self._measure_cpu and blocked > 0 else None),
+            blocked_cpu_fraction=(
+                self._w_blocked_cpu / blocked if self._measure_cpu and blocked > 0 else None
+            ),
             step_s_per_batch=(window - blocked) / self._w_batches if self._w_batches else 0.0,
         )
         if self._on_done is not None:

@@ -28,8 +28,10 @@ from torch.utils.data import DataLoader
 from loadertune.space import Config
 
 _RECORD = "_loadertune_record"
-_SKIP_DIRS = tuple(os.path.dirname(m.__file__ or "") + os.sep for m in (
-    sys.modules["torch"], sys.modules["loadertune"]))
+_SKIP_DIRS = tuple(
+    os.path.dirname(m.__file__ or "") + os.sep
+    for m in (sys.modules["torch"], sys.modules["loadertune"])
+)
 
 
 @dataclass(frozen=True)
@@ -53,18 +55,21 @@ def call_site(loader: object) -> str:
 
 
 def matches_site(site: str, wanted: str) -> bool:
-    """``wanted`` (``FILE:LINE``) names ``site``: same line, and the file is the same or a suffix."""
+    """``wanted`` (``FILE:LINE``) names ``site``: same line; the same file, or a suffix of it."""
     path, _, line = site.rpartition(":")
     want_path, _, want_line = wanted.rpartition(":")
     if line != want_line:
         return False
     norm = os.path.normpath
-    return norm(path) == norm(want_path) or norm(path).endswith(os.sep + norm(want_path).lstrip(os.sep)) \
+    return (
+        norm(path) == norm(want_path)
+        or norm(path).endswith(os.sep + norm(want_path).lstrip(os.sep))
         or os.path.basename(path) == want_path
+    )
 
 
 def apply_settings(arguments: dict[str, Any], config: Config) -> dict[str, Any]:
-    """The script's DataLoader arguments with ``config`` applied, keeping every valid combination."""
+    """The script's DataLoader arguments with ``config`` applied; every combination stays valid."""
     out = dict(arguments)
     out.update(config.loader_kwargs())
     if out.get("batch_sampler") is not None:
@@ -79,8 +84,12 @@ class Controller(Protocol):
     def on_create(self, record: LoaderRecord, arguments: dict[str, Any]) -> dict[str, Any]:
         """The keyword arguments to build loader ``record`` with (``arguments``: the script's)."""
 
-    def on_iter(self, loader: DataLoader[Any], record: LoaderRecord,
-                original: Callable[[DataLoader[Any]], Iterator[Any]]) -> Iterator[Any]:
+    def on_iter(
+        self,
+        loader: DataLoader[Any],
+        record: LoaderRecord,
+        original: Callable[[DataLoader[Any]], Iterator[Any]],
+    ) -> Iterator[Any]:
         """What ``iter(loader)`` returns; ``original(loader)`` is DataLoader's own iterator."""
 
 
@@ -128,8 +137,14 @@ class Apply:
         report: called with one line about what was applied (or why not).
     """
 
-    def __init__(self, config: Config, *, index: int, expected_site: str | None = None,
-                 report: Callable[[str], None] = print) -> None:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        index: int,
+        expected_site: str | None = None,
+        report: Callable[[str], None] = print,
+    ) -> None:
         self.config = config
         self.index = index
         self.expected_site = expected_site
@@ -143,10 +158,16 @@ class Apply:
         note = ""
         if self.expected_site and not matches_site(record.call_site, self.expected_site):
             note = f" (the recommendation was measured on the loader at {self.expected_site})"
-        self.report(f"loadertune: DataLoader #{record.index} at {record.call_site}: "
-                    f"{self.config.label()}{note}")
+        self.report(
+            f"loadertune: DataLoader #{record.index} at {record.call_site}: "
+            f"{self.config.label()}{note}"
+        )
         return apply_settings(arguments, self.config)
 
-    def on_iter(self, loader: DataLoader[Any], record: LoaderRecord,
-                original: Callable[[DataLoader[Any]], Iterator[Any]]) -> Iterator[Any]:
+    def on_iter(
+        self,
+        loader: DataLoader[Any],
+        record: LoaderRecord,
+        original: Callable[[DataLoader[Any]], Iterator[Any]],
+    ) -> Iterator[Any]:
         return original(loader)

@@ -69,8 +69,11 @@ class Estimates:
 
     @property
     def limiting_stage(self) -> str:
-        named = {"consumer": self.consumer_ceiling, "loader": self.loader_ceiling,
-                 "cpu": self.cpu_ceiling}
+        named = {
+            "consumer": self.consumer_ceiling,
+            "loader": self.loader_ceiling,
+            "cpu": self.cpu_ceiling,
+        }
         if self.transfer_ceiling:
             named["transfer"] = self.transfer_ceiling
         return min(named, key=lambda k: named[k])
@@ -87,12 +90,16 @@ class Estimates:
         cpu_for_loading = self.load_cpu_fraction * self.worker_s_per_sample
         if cpu_for_loading > 0:
             loader = min(loader, self.usable_cpus / cpu_for_loading)
-        return min(loader, self.consumer_ceiling, self.cpu_ceiling)
+        return min(loader, self.achievable)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        data.update(io_bound=self.io_bound, achievable=self.achievable,
-                    limiting_stage=self.limiting_stage, workers_needed=self.workers_needed())
+        data.update(
+            io_bound=self.io_bound,
+            achievable=self.achievable,
+            limiting_stage=self.limiting_stage,
+            workers_needed=self.workers_needed(),
+        )
         return data
 
 
@@ -102,9 +109,17 @@ def _per_sample(result: TrialResult, fraction: float) -> float:
     return fraction * m.window_s / m.n_samples
 
 
-def estimate(*, w0: TrialResult, w1: TrialResult | None, replay: TrialResult, usable_cpus: int,
-             max_workers: int, transfer_ceiling: float | None = None) -> Estimates:
-    """Estimates from the probe's trials (each must have succeeded)."""
+def estimate(
+    *,
+    w0: TrialResult,
+    w1: TrialResult | None,
+    replay: TrialResult,
+    usable_cpus: int,
+    max_workers: int,
+    pinned: bool = True,
+) -> Estimates:
+    """Estimates from the probe's trials (each must have succeeded). ``pinned``: the transfer
+    ceiling is the pinned copy rate (pin_memory is in the space) rather than the pageable one."""
     assert w0.measurement is not None and replay.measurement is not None
     load = _per_sample(w0, w0.measurement.blocked_fraction)
     cpu_fraction = w0.measurement.blocked_cpu_fraction
@@ -114,15 +129,20 @@ def estimate(*, w0: TrialResult, w1: TrialResult | None, replay: TrialResult, us
     main_cpu = (replay.resources.cpu_percent_main if replay.resources else None) or 100.0
     step_cpu = min(step * usable_cpus, step * main_cpu / 100.0)
     worker = load
-    if w1 is not None and w1.measurement is not None and w1.samples_per_s:
-        # Input-bound with one worker: its rate is the worker's; otherwise it kept up, and the
-        # in-process cost is the better estimate of what a worker spends per sample.
-        if w1.measurement.blocked_fraction > 0.2:
-            worker = max(load, 1.0 / w1.samples_per_s)
+    # Input-bound with one worker: its rate is the worker's; otherwise it kept up, and the
+    # in-process cost is the better estimate of what a worker spends per sample.
+    w1_rate = w1.samples_per_s if w1 is not None else None
+    if w1_rate and w1 is not None and w1.measurement and w1.measurement.blocked_fraction > 0.2:
+        worker = max(load, 1.0 / w1_rate)
     load_cpu = load * cpu_fraction
     loader_ceiling = max_workers / worker if worker > 0 else math.inf
     if load_cpu > 0:
         loader_ceiling = min(loader_ceiling, usable_cpus / load_cpu)
+    transfer_ceiling = None
+    if replay.transfer:
+        transfer_ceiling = replay.transfer[
+            "pinned_samples_per_s" if pinned else "pageable_samples_per_s"
+        ]
     per_sample_cpu = load_cpu + step_cpu
     cpu_ceiling = usable_cpus / per_sample_cpu if per_sample_cpu > 0 else math.inf
     return Estimates(
@@ -140,24 +160,44 @@ def estimate(*, w0: TrialResult, w1: TrialResult | None, replay: TrialResult, us
     )
 
 
-def seed_configs(est: Estimates, space: SearchSpace, *, batch_size: int,
-                 epoch_length_known: bool, limit: int = 6) -> list[Config]:
-    """The settings to try first, most promising first, all inside ``space``."""
+def seed_configs(
+    est: Estimates,
+    space: SearchSpace,
+    *,
+    batch_size: int,
+    epoch_length_known: bool,
+    limit: int | None = None,
+) -> list[Config]:
+    """The settings to try first, most promising first, all inside ``space``: the estimated
+    workers at the user's batch size, each other batch size once, then neighbours.
+    ``limit`` defaults to the number of batch sizes + 5."""
+    if limit is None:
+        limit = len(space.batch_sizes) + 5
     pin = True in space.pin_memory
     persist = epoch_length_known and True in space.persistent_workers
     need = min(est.workers_needed(), space.max_workers)
     wanted: list[Config] = []
     if need == 0 or space.max_workers == 0:
-        wanted.append(Config(batch_size, 0, None, pin))
+        variants = [Config(batch_size, 0, None, pin)]
     else:
-        for w, pf in ((need, 2), (need + 1, 2), (need - 1, 2), (need, 4),
-                      (min(space.max_workers, est.usable_cpus), 2), (need, 1)):
-            if w >= 1:
-                wanted.append(Config(batch_size, min(w, space.max_workers), pf, pin, persist))
+        variants = [
+            Config(batch_size, min(w, space.max_workers), pf, pin, persist)
+            for w, pf in (
+                (need, 2),
+                (need + 1, 2),
+                (need - 1, 2),
+                (need, 4),
+                (min(space.max_workers, est.usable_cpus), 2),
+                (need, 1),
+            )
+            if w >= 1
+        ]
+    wanted.append(variants[0])
     for bs in space.batch_sizes:  # every other batch size once, at the estimated workers
         if bs != batch_size:
-            w = max(need, 1) if space.max_workers else 0
+            w = need if space.max_workers else 0
             wanted.append(Config(bs, w, 2 if w else None, pin, persist and w > 0))
+    wanted.extend(variants[1:])
     seeds: list[Config] = []
     for config in wanted:
         config = space.nearest(config)

@@ -63,8 +63,9 @@ class LiveView:
 
     def __enter__(self) -> LiveView:
         if self.console.is_terminal:
-            self._live = Live(self._render(), console=self.console, auto_refresh=False,
-                              transient=False)
+            self._live = Live(
+                self._render(), console=self.console, auto_refresh=False, transient=False
+            )
             self._live.__enter__()
         return self
 
@@ -75,12 +76,21 @@ class LiveView:
 
     def _render(self) -> Group:
         left = max(0.0, self._deadline - time.monotonic())
-        head = Text(f"loadertune · {self._phase or 'starting'} · trial {self._n} · "
-                    f"{left:.0f} s of budget left", style="bold")
-        best = (f"best so far: {self._best.config.label()}  {_rate(self._best.epoch_samples_per_s)} samples/s"
-                if self._best else "best so far: -")
+        head = Text(
+            f"loadertune · {self._phase or 'starting'} · trial {self._n} · "
+            f"{left:.0f} s of budget left",
+            style="bold",
+        )
+        best = (
+            f"best so far: {self._best.config.label()}  "
+            f"{_rate(self._best.epoch_samples_per_s)} samples/s"
+            if self._best
+            else "best so far: -"
+        )
         now = f"running: {self._current}" if self._current else ""
-        return Group(head, Text(best), Text(now), *[Text(line, style="dim") for line in self._last[-5:]])
+        return Group(
+            head, Text(best), Text(now), *[Text(line, style="dim") for line in self._last[-5:]]
+        )
 
     def _refresh(self) -> None:
         if self._live is not None:
@@ -111,11 +121,18 @@ class LiveView:
         self._refresh()
 
 
-def _column(kwargs: dict[str, Any] | None, fig: dict[str, Any] | None,
-            diag: dict[str, Any] | None) -> list[str]:
-    setting = Config.from_kwargs(kwargs).label() if kwargs and "batch_size" in kwargs else str(kwargs)
+def _column(
+    kwargs: dict[str, Any] | None, fig: dict[str, Any] | None, diag: dict[str, Any] | None
+) -> list[str]:
+    setting = (
+        Config.from_kwargs(kwargs).label() if kwargs and "batch_size" in kwargs else str(kwargs)
+    )
     fig = fig or {}
-    cpu, cpu_w, gpu = fig.get("cpu_percent_main"), fig.get("cpu_percent_workers"), fig.get("gpu_util_mean")
+    cpu, cpu_w, gpu = (
+        fig.get("cpu_percent_main"),
+        fig.get("cpu_percent_workers"),
+        fig.get("gpu_util_mean"),
+    )
     return [
         setting,
         _rate(fig.get("samples_per_s")),
@@ -129,9 +146,17 @@ def _column(kwargs: dict[str, Any] | None, fig: dict[str, Any] | None,
     ]
 
 
-_SUMMARY_ROWS = ("setting", "samples/s (steady)", "samples/s (per epoch)", "spread over rounds",
-                 "blocked on data", "bottleneck", "CPU main + workers", "memory (PSS)",
-                 "GPU utilization")
+_SUMMARY_ROWS = (
+    "setting",
+    "samples/s (steady)",
+    "samples/s (per epoch)",
+    "spread over rounds",
+    "blocked on data",
+    "bottleneck",
+    "CPU main + workers",
+    "memory (PSS)",
+    "GPU utilization",
+)
 
 
 def summary_table(rec: Recommendation) -> Table:
@@ -142,7 +167,7 @@ def summary_table(rec: Recommendation) -> Table:
     table.add_column("winner", style="bold")
     base = _column(rec.baseline_kwargs, rec.baseline, rec.diagnosis.get("baseline"))
     win = _column(rec.loader_kwargs, rec.winner, rec.diagnosis.get("winner"))
-    for name, b, w in zip(_SUMMARY_ROWS, base, win):
+    for name, b, w in zip(_SUMMARY_ROWS, base, win, strict=True):
         table.add_row(name, b, w)
     return table
 
@@ -150,22 +175,33 @@ def summary_table(rec: Recommendation) -> Table:
 def summary_lines(rec: Recommendation) -> list[str]:
     lines = []
     if rec.speedup is not None:
-        verdict = ("within the noise of your settings: keep them, or take the winner for free"
-                   if rec.within_noise else "clearly faster than your settings")
+        verdict = (
+            "within the noise of your settings: keep them, or take the winner for free"
+            if rec.within_noise
+            else "clearly faster than your settings"
+        )
         lines.append(f"speed-up {rec.speedup:.2f}x per epoch ({verdict})")
     ceiling = rec.diagnosis.get("ceiling_samples_per_s")
     if ceiling:
         stage = rec.diagnosis.get("ceilings", {}).get("limiting_stage", "?")
-        lines.append(f"estimated ceiling {ceiling:,.0f} samples/s (limited by the {stage}); "
-                     f"the winner reaches {rec.diagnosis.get('percent_of_ceiling', 0):.0f}% of it")
+        lines.append(
+            f"estimated ceiling {ceiling:,.0f} samples/s (limited by the {stage}); "
+            f"the winner reaches {rec.diagnosis.get('percent_of_ceiling', 0):.0f}% of it"
+        )
     at_bs = rec.best_at_batch_size
-    if at_bs and at_bs.get("loader_kwargs", {}).get("batch_size") != rec.loader_kwargs.get("batch_size"):
-        lines.append(f"best at your batch size: {Config.from_kwargs(at_bs['loader_kwargs']).label()} "
-                     f"{_rate(at_bs.get('samples_per_s'))} samples/s; the winner changes the batch "
-                     "size, so scale the learning rate with it (linearly or by its square root)")
+    if at_bs and at_bs.get("loader_kwargs", {}).get("batch_size") != rec.loader_kwargs.get(
+        "batch_size"
+    ):
+        lines.append(
+            f"best at your batch size: {Config.from_kwargs(at_bs['loader_kwargs']).label()} "
+            f"{_rate(at_bs.get('samples_per_s'))} samples/s; the winner changes the batch "
+            "size, so scale the learning rate with it (linearly or by its square root)"
+        )
     s = rec.search
-    lines.append(f"{s['n_trials']} trials in {s['elapsed_s']:.0f} s, stopped: {s['stop_reason']}; "
-                 f"study {s['study_name']!r} in {s['storage']}")
+    lines.append(
+        f"{s['n_trials']} trials in {s['elapsed_s']:.0f} s, stopped: {s['stop_reason']}; "
+        f"study {s['study_name']!r} in {s['storage']}"
+    )
     for advice in rec.diagnosis.get("advice", []):
         lines.append(f"advice: {advice}")
     return lines
@@ -178,16 +214,27 @@ def trials_table(trials: list[TrialResult]) -> Table:
     for i, t in enumerate(trials, 1):
         m = t.measurement
         status = t.status if t.failure is None else f"{t.failure.kind}: {t.failure.message}"
-        table.add_row(str(i), t.phase, t.config.label(), _rate(t.samples_per_s),
-                      _rate(t.epoch_samples_per_s), _pct(m.blocked_fraction) if m else "-", status)
+        table.add_row(
+            str(i),
+            t.phase,
+            t.config.label(),
+            _rate(t.samples_per_s),
+            _rate(t.epoch_samples_per_s),
+            _pct(m.blocked_fraction) if m else "-",
+            status,
+        )
     return table
 
 
-def print_summary(rec: Recommendation, console: Console | None = None, *, trials: bool = False) -> None:
+def print_summary(
+    rec: Recommendation, console: Console | None = None, *, trials: bool = False
+) -> None:
     console = console or Console()
     if trials:
         console.print(trials_table(rec.trials))
     console.print(summary_table(rec))
     for line in summary_lines(rec):
         console.print(line, highlight=False, soft_wrap=True)
-    console.print(f"use: DataLoader(dataset, **{rec.loader_kwargs})", highlight=False, soft_wrap=True)
+    console.print(
+        f"use: DataLoader(dataset, **{rec.loader_kwargs})", highlight=False, soft_wrap=True
+    )

@@ -10,6 +10,7 @@ with polling as a fallback for devices that cannot report it.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import threading
 import time
@@ -57,10 +58,8 @@ def process_tree(root: psutil.Process) -> list[psutil.Process]:
 def _sum_rss(procs: list[psutil.Process]) -> int:
     total = 0
     for p in procs:
-        try:
+        with contextlib.suppress(psutil.Error):
             total += p.memory_info().rss
-        except psutil.Error:
-            pass
     return total
 
 

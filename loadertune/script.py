@@ -59,8 +59,11 @@ def kill_group(pgid: int, grace_s: float = 3.0) -> int:
     deadline = time.monotonic() + grace_s
     survivors: list[int] = []
     while time.monotonic() < deadline:
-        survivors = [p.pid for p in psutil.process_iter(["status"])
-                     if _pgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE]
+        survivors = [
+            p.pid
+            for p in psutil.process_iter(["status"])
+            if _pgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE
+        ]
         if not survivors:
             break
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -101,15 +104,23 @@ class ScriptRunner:
     in_process = False
     user_error = ScriptError
 
-    def __init__(self, script: str | os.PathLike[str], args: list[str] | tuple[str, ...] = (), *,
-                 loader: int | str | None = None, python: str = sys.executable) -> None:
+    def __init__(
+        self,
+        script: str | os.PathLike[str],
+        args: list[str] | tuple[str, ...] = (),
+        *,
+        loader: int | str | None = None,
+        python: str = sys.executable,
+    ) -> None:
         self.script = str(check_script(script))
         self.args = list(args)
         self.python = python
         self.selector: dict[str, Any] = {}
         if isinstance(loader, int):
             if loader < 1:
-                raise ConfigError(f"loader must be >= 1 (1 = the first DataLoader created), but got {loader=}.")
+                raise ConfigError(
+                    f"loader must be >= 1 (1 = the first DataLoader created), but got {loader=}."
+                )
             self.selector = {"index": loader}
         elif isinstance(loader, str):
             if not loader.rpartition(":")[2].isdigit():
@@ -121,21 +132,41 @@ class ScriptRunner:
         self.loader_info: dict[str, Any] | None = None
         self._logdir = tempfile.TemporaryDirectory(prefix="loadertune-")
 
-    def run(self, config: Config | None, *, window: WindowSpec, limits: Limits,
-            phase: str = "search", should_stop: ShouldStop | None = None) -> TrialResult:
+    def run(
+        self,
+        config: Config | None,
+        *,
+        window: WindowSpec,
+        limits: Limits,
+        phase: str = "search",
+        should_stop: ShouldStop | None = None,
+    ) -> TrialResult:
         """Run one trial; ``config=None`` runs the script's own settings (the baseline)."""
         t0 = time.perf_counter()
         chan, theirs = Channel.pair()
         log = Path(self._logdir.name) / "trial.log"
-        spec = {"script": self.script, "args": self.args, "fd": theirs.fileno(),
-                "parent_pid": os.getpid(), "phase": phase, "window_s": window.window_s,
-                "hang_s": limits.hang_s, "overrides": config.loader_kwargs() if config else None,
-                **(self.loader_info and {"index": self.loader_info["index"]} or self.selector)}
+        spec = {
+            "script": self.script,
+            "args": self.args,
+            "fd": theirs.fileno(),
+            "parent_pid": os.getpid(),
+            "phase": phase,
+            "window_s": window.window_s,
+            "hang_s": limits.hang_s,
+            "overrides": config.loader_kwargs() if config else None,
+            **((self.loader_info and {"index": self.loader_info["index"]}) or self.selector),
+        }
         env = {**os.environ, SPEC_ENV: json.dumps(spec)}
         with log.open("wb") as out:
-            proc = subprocess.Popen([self.python, "-m", "loadertune.scriptchild"], env=env,
-                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    pass_fds=(theirs.fileno(),), start_new_session=True)
+            proc = subprocess.Popen(
+                [self.python, "-m", "loadertune.scriptchild"],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,
+            )
         theirs.close()
         result = TrialResult(config or Config(1), phase=phase)
         try:
@@ -149,8 +180,15 @@ class ScriptRunner:
         result.bytes_per_sample = self.bytes_per_sample
         return result
 
-    def _supervise(self, proc: subprocess.Popen[bytes], chan: Channel, result: TrialResult,
-                   limits: Limits, should_stop: ShouldStop | None, log: Path) -> None:
+    def _supervise(
+        self,
+        proc: subprocess.Popen[bytes],
+        chan: Channel,
+        result: TrialResult,
+        limits: Limits,
+        should_stop: ShouldStop | None,
+        log: Path,
+    ) -> None:
         with Supervisor(proc.pid, limits=limits, should_stop=should_stop) as sup:
             while True:
                 msg = chan.recv(timeout=0.1)
@@ -163,16 +201,26 @@ class ScriptRunner:
                     return
                 expired = sup.expired()
                 if expired is not None:
-                    if not sup.started and result.extra.get("loader") is None and expired.kind == "timeout":
-                        expired = Failure("no_loader", f"the script did not iterate a DataLoader within "
-                                          f"{limits.startup_s:.0f} s", "if it is slow to start, give a "
-                                          "larger --budget; check that it iterates a DataLoader at all",
-                                          user_bug=True, detail=_tail(log))
+                    if (
+                        not sup.started
+                        and result.extra.get("loader") is None
+                        and expired.kind == "timeout"
+                    ):
+                        expired = Failure(
+                            "no_loader",
+                            f"the script did not iterate a DataLoader within "
+                            f"{limits.startup_s:.0f} s",
+                            "if it is slow to start, give a "
+                            "larger --budget; check that it iterates a DataLoader at all",
+                            user_bug=True,
+                            detail=_tail(log),
+                        )
                     result.failure = expired
                     return
 
-    def _handle(self, msg: dict[str, Any], sup: Supervisor, chan: Channel, result: TrialResult,
-                log: Path) -> bool:
+    def _handle(
+        self, msg: dict[str, Any], sup: Supervisor, chan: Channel, result: TrialResult, log: Path
+    ) -> bool:
         """Act on one message; True when the trial is over."""
         kind = msg.get("t")
         if kind == "event":
@@ -186,30 +234,50 @@ class ScriptRunner:
             result.extra["loader"] = msg
             self._learn_loader(msg, result)
         elif kind == "result":
-            result.measurement = Measurement(**{k: v for k, v in msg["measurement"].items()
-                                                if k in Measurement.__dataclass_fields__})
+            result.measurement = Measurement(
+                **{
+                    k: v
+                    for k, v in msg["measurement"].items()
+                    if k in Measurement.__dataclass_fields__
+                }
+            )
             result.resources = sup.window_ended()
             result.pruned = sup.pruned
             result.cuda_peak_allocated_bytes = msg.get("cuda_peak_allocated")
             result.cuda_peak_reserved_bytes = msg.get("cuda_peak_reserved")
             result.cuda_device = msg.get("cuda_device")
+            result.cuda_capacity_bytes = msg.get("cuda_capacity")
+            result.transfer = msg.get("transfer")
             self.bytes_per_sample = msg.get("bytes_per_sample") or self.bytes_per_sample
             return msg.get("complete", True)  # a partial result is followed by "ended"
         elif kind == "failure":
             detail = f"{msg['traceback']}\n--- script output (tail) ---\n{_tail(log)}"
             failure = failures.classify_text(msg["text"], where=msg["where"], detail=detail)
             if failure.kind == "script_error":
-                failure = Failure("script_error", f"the script raised {msg['text'][:200]}",
-                                  "fix the script; its traceback is below", user_bug=True, detail=detail)
+                failure = Failure(
+                    "script_error",
+                    f"the script raised {msg['text'][:200]}",
+                    "fix the script; its traceback is below",
+                    user_bug=True,
+                    detail=detail,
+                )
             result.failure = failure
             return True
         elif kind == "ended":
             if result.measurement is None:
-                what = "before its first batch" if msg.get("iterated") else "without iterating the DataLoader"
-                result.failure = Failure("script_ended", f"{msg['how']} {what}",
-                                         "check the script's arguments (too few epochs or batches?) "
-                                         "and which loader is tuned (--loader)",
-                                         user_bug=not msg.get("iterated"), detail=_tail(log))
+                what = (
+                    "before its first batch"
+                    if msg.get("iterated")
+                    else "without iterating the DataLoader"
+                )
+                result.failure = Failure(
+                    "script_ended",
+                    f"{msg['how']} {what}",
+                    "check the script's arguments (too few epochs or batches?) "
+                    "and which loader is tuned (--loader)",
+                    user_bug=not msg.get("iterated"),
+                    detail=_tail(log),
+                )
             return True
         return False
 

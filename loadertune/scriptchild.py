@@ -59,7 +59,9 @@ class ChannelSink:
 class _Epoch:
     """Calls DataLoader's own ``__iter__`` when the meter asks for the epoch's iterator."""
 
-    def __init__(self, original: Callable[[DataLoader[Any]], Iterator[Any]], loader: DataLoader[Any]) -> None:
+    def __init__(
+        self, original: Callable[[DataLoader[Any]], Iterator[Any]], loader: DataLoader[Any]
+    ) -> None:
         self._original, self._loader = original, loader
 
     def __iter__(self) -> Iterator[Any]:
@@ -91,6 +93,7 @@ class TrialController:
         self.sink = ChannelSink(chan)
         self.loader: DataLoader[Any] | None = None
         self.bytes_per_sample: float | None = None
+        self.transfer: dict[str, float] | None = None
         self._original: Callable[[DataLoader[Any]], Iterator[Any]] | None = None
 
     def _is_target(self, record: LoaderRecord) -> bool:
@@ -110,41 +113,67 @@ class TrialController:
             out["timeout"] = self.spec["hang_s"]  # a hung worker becomes an error in next()
         return out
 
-    def on_iter(self, loader: DataLoader[Any], record: LoaderRecord,
-                original: Callable[[DataLoader[Any]], Iterator[Any]]) -> Iterator[Any]:
-        if self.target is None and (self._is_target(record) or (
-                self.spec.get("index") is None and not self.spec.get("call_site"))):
+    def on_iter(
+        self,
+        loader: DataLoader[Any],
+        record: LoaderRecord,
+        original: Callable[[DataLoader[Any]], Iterator[Any]],
+    ) -> Iterator[Any]:
+        if self.target is None and (
+            self._is_target(record)
+            or (self.spec.get("index") is None and not self.spec.get("call_site"))
+        ):
             self._start(loader, record, original)
         if record != self.target or self.meter is None:
             return original(loader)
         if self.spec["phase"] == "replay":
             first = next(original(loader))
             self.bytes_per_sample = dl.bytes_per_sample(first)
+            self.transfer = dl.transfer_rates(first)
             return self.meter.wrap(_Repeat(first))
         return self.meter.wrap(_Epoch(original, loader))
 
-    def _start(self, loader: DataLoader[Any], record: LoaderRecord,
-               original: Callable[[DataLoader[Any]], Iterator[Any]]) -> None:
+    def _start(
+        self,
+        loader: DataLoader[Any],
+        record: LoaderRecord,
+        original: Callable[[DataLoader[Any]], Iterator[Any]],
+    ) -> None:
         self.target, self.loader, self._original = record, loader, original
         settings = dl.settings_of(loader)
         import torch
 
-        self.chan.send({
-            "t": "loader", "index": record.index, "call_site": record.call_site,
-            "settings": settings.loader_kwargs(), "epoch_samples": dl.epoch_samples(loader),
-            "dataset": f"{type(loader.dataset).__module__}.{type(loader.dataset).__qualname__}",
-            "batch_sampler": loader.batch_size is None,
-            "cuda_available": torch.cuda.is_available(),
-        })
-        self.meter = Meter(window_for(settings, window_s=self.spec["window_s"]),
-                           count=dl.sample_counter(loader), sink=self.sink, sync=dl.cuda_sync,
-                           measure_cpu=loader.num_workers == 0, on_done=self._done)
+        self.chan.send(
+            {
+                "t": "loader",
+                "index": record.index,
+                "call_site": record.call_site,
+                "settings": settings.loader_kwargs(),
+                "epoch_samples": dl.epoch_samples(loader),
+                "dataset": f"{type(loader.dataset).__module__}.{type(loader.dataset).__qualname__}",
+                "batch_sampler": loader.batch_size is None,
+                "cuda_available": torch.cuda.is_available(),
+            }
+        )
+        self.meter = Meter(
+            window_for(settings, window_s=self.spec["window_s"]),
+            count=dl.sample_counter(loader),
+            sink=self.sink,
+            sync=dl.cuda_sync,
+            measure_cpu=loader.num_workers == 0,
+            on_done=self._done,
+        )
 
     def _done(self, m: Measurement) -> None:
         """The window is full: report, then wait for the parent to end this process group."""
         loader = self.loader
-        if loader is not None and loader.persistent_workers and self._original is not None and \
-                self.spec["phase"] != "replay" and dl.epoch_samples(loader):
+        if (
+            loader is not None
+            and loader.persistent_workers
+            and self._original is not None
+            and self.spec["phase"] != "replay"
+            and dl.epoch_samples(loader)
+        ):
             t = time.perf_counter()  # a new epoch's start-up with persistent workers
             next(self._original(loader))
             m.reentry_s.append(time.perf_counter() - t)
@@ -154,9 +183,19 @@ class TrialController:
 
     def _report(self, m: Measurement, *, complete: bool) -> None:
         peak_alloc, peak_reserved = dl.cuda_peaks()
-        self.chan.send({"t": "result", "measurement": m.to_dict(), "complete": complete,
-                        "cuda_peak_allocated": peak_alloc, "cuda_peak_reserved": peak_reserved,
-                        "cuda_device": dl.cuda_bus_id(), "bytes_per_sample": self.bytes_per_sample})
+        self.chan.send(
+            {
+                "t": "result",
+                "measurement": m.to_dict(),
+                "complete": complete,
+                "cuda_peak_allocated": peak_alloc,
+                "cuda_peak_reserved": peak_reserved,
+                "cuda_device": dl.cuda_bus_id(),
+                "cuda_capacity": dl.cuda_capacity(),
+                "bytes_per_sample": self.bytes_per_sample,
+                "transfer": self.transfer,
+            }
+        )
 
     def script_ended(self, how: str) -> None:
         """The script finished (or exited) before the window was full."""
@@ -178,7 +217,8 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def run_as_main(script: str, args: list[str]) -> None:
-    """Run ``script`` as ``python script args`` would: argv, ``__main__``, its directory on the path."""
+    """Run ``script`` as ``python script args`` would: argv, ``__main__``, its directory first
+    on the path."""
     sys.argv = [script, *args]
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     runpy.run_path(script, run_name="__main__")
@@ -199,10 +239,18 @@ def main() -> None:
             meter = controller.meter
             in_loader = meter is not None and meter.failed_in_next
             signals = dl.dead_worker_signals(meter.iterator) if meter is not None else ()
-            chan.send({"t": "failure", "where": "loader" if in_loader else "script",
-                       "text": "\n".join([*map(failures.signal_text, signals),
-                                          failures.chain_text(exc)]),
-                       "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))})
+            chan.send(
+                {
+                    "t": "failure",
+                    "where": "loader" if in_loader else "script",
+                    "text": "\n".join(
+                        [*map(failures.signal_text, signals), failures.chain_text(exc)]
+                    ),
+                    "traceback": "".join(
+                        traceback.format_exception(type(exc), exc, exc.__traceback__)
+                    ),
+                }
+            )
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(0)

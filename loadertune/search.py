@@ -1,4 +1,4 @@
-"""The search driver: probe, seed, explore with Optuna, confirm. The only module that imports optuna.
+"""The search driver: probe, seed, explore with Optuna, confirm. Only this module imports optuna.
 
 1. **Probe**: the user's own settings (the baseline), ``num_workers=0`` and ``1`` at the user's
    batch size, and a replay of one cached batch through the step. :mod:`loadertune.probe` turns
@@ -34,10 +34,12 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState
 
+from loadertune import memory
 from loadertune.confirm import Confirmation, confirm
 from loadertune.errors import ConfigError, LoadertuneError, SearchInterrupted, UserCodeError
 from loadertune.failures import RESOURCE_KINDS
 from loadertune.hardware import Hardware
+from loadertune.memory import MemoryModel
 from loadertune.probe import Estimates, estimate, seed_configs
 from loadertune.resources import tree_pss
 from loadertune.space import Config, SearchSpace, worker_cap
@@ -60,6 +62,8 @@ class SearchSettings:
         patience: stop exploring after this many trials without a gain of ``min_gain``.
         min_gain: relative gain that counts as an improvement (below it is noise).
         prune_ratio: stop a trial mid-window when its rate is below this fraction of the best.
+        memory_margin: share of GPU memory kept free when predicting the largest batch that fits
+            (memory creeps up during real training).
         memory_budget_fraction: share of available RAM a trial's processes may add.
         shm_fraction: share of free ``/dev/shm`` that batches in flight may take.
         seed: seed of the sampler, for repeatable proposals.
@@ -78,6 +82,7 @@ class SearchSettings:
     patience: int = 8
     min_gain: float = 0.02
     prune_ratio: float = 0.6
+    memory_margin: float = 0.10
     memory_budget_fraction: float = 0.8
     shm_fraction: float = 0.5
     seed: int | None = None
@@ -86,16 +91,28 @@ class SearchSettings:
     resume: bool = True
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.budget_s, (int, float)) and math.isfinite(self.budget_s) and self.budget_s > 0):
-            raise ConfigError(f"budget_s must be a positive number of seconds, but got {self.budget_s=}.")
+        if not (
+            isinstance(self.budget_s, (int, float))
+            and math.isfinite(self.budget_s)
+            and self.budget_s > 0
+        ):
+            raise ConfigError(
+                f"budget_s must be a positive number of seconds, but got {self.budget_s=}."
+            )
         if self.n_trials is not None and (not isinstance(self.n_trials, int) or self.n_trials < 1):
             raise ConfigError(f"n_trials must be a positive int or None, but got {self.n_trials=}.")
         if self.window_s is not None and not self.window_s > 0:
             raise ConfigError(f"window_s must be > 0 seconds, but got {self.window_s=}.")
         if not self.startup_timeout_s > 0:
-            raise ConfigError(f"startup_timeout_s must be > 0 seconds, but got {self.startup_timeout_s=}.")
+            raise ConfigError(
+                f"startup_timeout_s must be > 0 seconds, but got {self.startup_timeout_s=}."
+            )
         if not 0 < self.memory_budget_fraction <= 1:
-            raise ConfigError(f"memory_budget_fraction must be in (0, 1], but got {self.memory_budget_fraction=}.")
+            raise ConfigError(
+                f"memory_budget_fraction must be in (0, 1], but got {self.memory_budget_fraction=}."
+            )
+        if not 0 <= self.memory_margin < 1:
+            raise ConfigError(f"memory_margin must be in [0, 1), but got {self.memory_margin=}.")
         if self.confirm_rounds < 1 or self.finalists < 1 or self.patience < 1:
             raise ConfigError("confirm_rounds, finalists and patience must be >= 1.")
 
@@ -143,6 +160,13 @@ class SearchOutcome:
     n_previous_trials: int
     user_batch_size: int
     values: dict[Config, float] = field(default_factory=dict)  # best search value per setting
+    memory_margin: float = 0.10
+
+    def results_for(self, config: Config) -> list[TrialResult]:
+        """The measurements that speak for ``config``: its confirmation rounds, else its trials."""
+        if self.confirmation is not None and self.confirmation.results.get(config):
+            return self.confirmation.results[config]
+        return [t for t in self.trials if t.config == config and t.phase != "replay"]
 
     def value(self, config: Config) -> float | None:
         """The confirmed median when there is one, else the search's figure."""
@@ -151,8 +175,11 @@ class SearchOutcome:
         return self.values.get(config)
 
     def best_at_batch_size(self, batch_size: int) -> Config | None:
-        candidates = [c for c in {*self.values, *(self.confirmation.values if self.confirmation else {})}
-                      if c.batch_size == batch_size and self.value(c) is not None]
+        candidates = [
+            c
+            for c in {*self.values, *(self.confirmation.values if self.confirmation else {})}
+            if c.batch_size == batch_size and self.value(c) is not None
+        ]
         return max(candidates, key=lambda c: self.value(c) or 0.0) if candidates else None
 
 
@@ -165,9 +192,11 @@ def dominated(config: Config, failed: Config, kind: str) -> bool:
         return config.batch_size >= failed.batch_size and config.pin_memory == failed.pin_memory
     if kind not in RESOURCE_KINDS or failed.num_workers == 0:
         return False
-    return (config.num_workers >= failed.num_workers
-            and config.batch_size >= failed.batch_size
-            and config.in_flight_batches >= failed.in_flight_batches)
+    return (
+        config.num_workers >= failed.num_workers
+        and config.batch_size >= failed.batch_size
+        and config.in_flight_batches >= failed.in_flight_batches
+    )
 
 
 def _distributions(space: SearchSpace, config: Config) -> dict[str, BaseDistribution]:
@@ -183,7 +212,11 @@ def _distributions(space: SearchSpace, config: Config) -> dict[str, BaseDistribu
 
 
 def _params(config: Config) -> dict[str, Any]:
-    return {k: v for k, v in config.loader_kwargs().items() if not (k == "persistent_workers" and not config.num_workers)}
+    return {
+        k: v
+        for k, v in config.loader_kwargs().items()
+        if not (k == "persistent_workers" and not config.num_workers)
+    }
 
 
 @contextlib.contextmanager
@@ -212,9 +245,16 @@ class Search:
         observer: hears progress (None: silent).
     """
 
-    def __init__(self, runner: TrialRunner, *, hardware: Hardware, baseline: Config | None,
-                 batch_sizes: Sequence[int], settings: SearchSettings,
-                 observer: Observer | None = None) -> None:
+    def __init__(
+        self,
+        runner: TrialRunner,
+        *,
+        hardware: Hardware,
+        baseline: Config | None,
+        batch_sizes: Sequence[int],
+        settings: SearchSettings,
+        observer: Observer | None = None,
+    ) -> None:
         self.runner = runner
         self.hw = hardware
         self._baseline = baseline
@@ -255,26 +295,41 @@ class Search:
     def _limits(self) -> Limits:
         ok = [t for t in self.trials if t.ok and t.measurement and t.measurement.n_batches]
         if ok:
-            per_batch = max(t.measurement.window_s / t.measurement.n_batches for t in ok if t.measurement)
+            per_batch = max(
+                t.measurement.window_s / t.measurement.n_batches for t in ok if t.measurement
+            )
             startup = max(t.wall_s for t in ok)
             hang = max(5.0, 20 * per_batch)
             start = min(self.settings.startup_timeout_s, max(15.0, 4 * startup))
         else:  # nothing known yet: scripts import, CUDA initialises
             hang, start = 15.0, self.settings.startup_timeout_s
         timeout = max(2.0, min(4 * self._typical_wall() + start, self._remaining() + 1.0))
-        return Limits(timeout_s=timeout, startup_s=min(start, timeout), hang_s=hang,
-                      memory_budget_bytes=self._memory_budget)
+        return Limits(
+            timeout_s=timeout,
+            startup_s=min(start, timeout),
+            hang_s=hang,
+            memory_budget_bytes=self._memory_budget,
+        )
 
     def _prune_rule(self, index: int, running: float) -> bool:
-        return index >= 1 and self.best is not None and running < self.settings.prune_ratio * self._best_value
+        return (
+            index >= 1
+            and self.best is not None
+            and running < self.settings.prune_ratio * self._best_value
+        )
 
     def _measure(self, config: Config | None, phase: str, *, prunable: bool = False) -> TrialResult:
         """Run one trial (``config=None``: the workload's own settings) and learn from it."""
         if self.observer:
             self.observer.trial_started(config, phase)
         window = window_for(config or Config(1), window_s=self.settings.trial_window_s)
-        result = self.runner.run(config, window=window, limits=self._limits(), phase=phase,
-                                 should_stop=self._prune_rule if prunable else None)
+        result = self.runner.run(
+            config,
+            window=window,
+            limits=self._limits(),
+            phase=phase,
+            should_stop=self._prune_rule if prunable else None,
+        )
         self.trials.append(result)
         if phase != "replay":
             self._n_run += phase != "confirm"
@@ -282,8 +337,9 @@ class Search:
         if self.observer:
             self.observer.trial_finished(result, self.best)
         if result.failure is not None and result.failure.user_bug:
-            raise self.runner.user_error(result.failure.message, kind=result.failure.kind,
-                                         detail=result.failure.detail)
+            raise self.runner.user_error(
+                result.failure.message, kind=result.failure.kind, detail=result.failure.detail
+            )
         return result
 
     def _learn(self, result: TrialResult) -> None:
@@ -306,17 +362,29 @@ class Search:
     # -- the study -------------------------------------------------------------------------------
 
     def _open_study(self) -> optuna.Study:
-        sampler = optuna.samplers.TPESampler(multivariate=True, group=True, seed=self.settings.seed,
-                                             n_startup_trials=5, constant_liar=False)
+        sampler = optuna.samplers.TPESampler(
+            multivariate=True,
+            group=True,
+            seed=self.settings.seed,
+            n_startup_trials=5,
+            constant_liar=False,
+        )
         name = self.settings.study_name
         try:
             if not self.settings.resume:
                 with contextlib.suppress(KeyError):
                     optuna.delete_study(study_name=name, storage=self.storage)
-            return optuna.create_study(storage=self.storage, study_name=name, sampler=sampler,
-                                       direction="maximize", load_if_exists=True)
+            return optuna.create_study(
+                storage=self.storage,
+                study_name=name,
+                sampler=sampler,
+                direction="maximize",
+                load_if_exists=True,
+            )
         except ValueError as exc:  # a study of that name optimises something else
-            raise ConfigError(f"study {name!r} in {self.storage} is not a loadertune study: {exc}") from exc
+            raise ConfigError(
+                f"study {name!r} in {self.storage} is not a loadertune study: {exc}"
+            ) from exc
         except Exception as exc:  # sqlalchemy's ArgumentError, NoSuchModuleError, OperationalError
             raise ConfigError(
                 f"storage={self.storage!r} is not a storage Optuna can open ({type(exc).__name__}: "
@@ -329,10 +397,18 @@ class Search:
             return
         attrs = {"phase": result.phase, "error": result.error, "result": result.to_dict()}
         value = result.epoch_samples_per_s
-        state = TrialState.FAIL if result.failure else (TrialState.PRUNED if result.pruned else TrialState.COMPLETE)
+        state = (
+            TrialState.FAIL
+            if result.failure
+            else (TrialState.PRUNED if result.pruned else TrialState.COMPLETE)
+        )
         frozen = optuna.trial.create_trial(
-            params=_params(result.config), distributions=_distributions(space, result.config),
-            value=value if state == TrialState.COMPLETE else None, state=state, user_attrs=attrs)
+            params=_params(result.config),
+            distributions=_distributions(space, result.config),
+            value=value if state == TrialState.COMPLETE else None,
+            state=state,
+            user_attrs=attrs,
+        )
         study.add_trial(frozen)
         result.number = study.trials[-1].number if study.trials else None
 
@@ -345,7 +421,9 @@ class Search:
         if result.failure is not None:
             study.tell(trial, state=TrialState.FAIL)
         elif result.pruned:
-            for i, rate in enumerate((result.measurement.sub_window_samples_per_s if result.measurement else [])):
+            for i, rate in enumerate(
+                result.measurement.sub_window_samples_per_s if result.measurement else []
+            ):
                 trial.report(rate, i)
             study.tell(trial, state=TrialState.PRUNED)
         else:
@@ -403,18 +481,27 @@ class Search:
             w1 = base if self.baseline == one else self._measure(one, "probe")
         replay = self._measure(Config(bs), "replay")
         if not (w0.ok and replay.ok):
-            why = (w0.failure or replay.failure)
-            raise LoadertuneError(f"the probe could not measure the workload with num_workers=0: "
-                                  f"{why.message if why else 'no result'}; {why.advice if why else ''}")
+            why = w0.failure or replay.failure
+            raise LoadertuneError(
+                f"the probe could not measure the workload with num_workers=0: "
+                f"{why.message if why else 'no result'}; {why.advice if why else ''}"
+            )
         return w0, (w1 if w1 is not None and w1.ok else None), replay
 
-    def _build_space(self, w0: TrialResult, w1: TrialResult | None) -> tuple[SearchSpace, dict[str, int]]:
+    def _build_space(
+        self, w0: TrialResult, w1: TrialResult | None
+    ) -> tuple[SearchSpace, dict[str, int]]:
         m0 = w0.measurement
         io_bound = m0 is not None and (m0.blocked_cpu_fraction or 1.0) < 0.5
         worker_pss = w1.resources.worker_pss_bytes if w1 and w1.resources else None
-        cap, limits = worker_cap(usable_cpus=self.hw.usable_cpus, io_bound=io_bound,
-                                 ram_budget_bytes=self._memory_budget, main_pss_bytes=None,
-                                 worker_pss_bytes=worker_pss, user_max=self.settings.max_workers)
+        cap, limits = worker_cap(
+            usable_cpus=self.hw.usable_cpus,
+            io_bound=io_bound,
+            ram_budget_bytes=self._memory_budget,
+            main_pss_bytes=None,
+            worker_pss_bytes=worker_pss,
+            user_max=self.settings.max_workers,
+        )
         in_flight_budget = None
         if self.hw.shm_free_bytes:
             in_flight_budget = self.settings.shm_fraction * self.hw.shm_free_bytes
@@ -422,15 +509,18 @@ class Search:
             batch_sizes=self.batch_sizes,
             max_workers=cap,
             pin_memory=(False, True) if self.runner.uses_cuda else (False,),
-            persistent_workers=(False, True) if self.runner.epoch_samples else (self.baseline.persistent_workers,),
+            persistent_workers=(False, True)
+            if self.runner.epoch_samples
+            else (self.baseline.persistent_workers,),
             max_in_flight_bytes=in_flight_budget,
             bytes_per_sample=self.runner.bytes_per_sample,
             limits=limits,
         )
         return space, limits
 
-    def _stop_reason(self, space_size: int, n_batch_sizes: int, est: Estimates | None,
-                     reserve_s: float) -> str | None:
+    def _stop_reason(
+        self, space_size: int, n_batch_sizes: int, est: Estimates | None, reserve_s: float
+    ) -> str | None:
         s = self.settings
         if self._remaining() - reserve_s < self._typical_wall():
             return "budget"
@@ -458,7 +548,11 @@ class Search:
         reserve = self._confirm_cost()
         space_size = len(space.configs())
         idle = 0  # consecutive proposals that ran nothing (duplicates, skips)
+        verified = False
         while True:
+            if not verified and self._memory_model()[0] is not None:
+                self._verify_largest_batch(study, space)
+                verified = True
             reason = self._stop_reason(space_size, len(space.batch_sizes), est, reserve)
             if reason:
                 return reason
@@ -466,9 +560,18 @@ class Search:
                 return "no_new_proposals"
             trial = self._open = study.ask()
             config = self._suggest(trial, space)
-            skip = space.rejects(config) or next(
-                (f"at least as demanding as {f.label()}, which failed ({kind})"
-                 for f, kind in self.failed if dominated(config, f, kind)), None)
+            skip = (
+                space.rejects(config)
+                or next(
+                    (
+                        f"at least as demanding as {f.label()}, which failed ({kind})"
+                        for f, kind in self.failed
+                        if dominated(config, f, kind)
+                    ),
+                    None,
+                )
+                or self._memory_skip(config)
+            )
             if skip is not None:
                 trial.set_user_attr("skipped", skip)
                 study.tell(trial, state=TrialState.PRUNED)
@@ -491,20 +594,80 @@ class Search:
         rounds = max(2, self.settings.confirm_rounds)
         return min(0.4 * self.settings.budget_s, n * rounds * self._typical_wall())
 
+    # -- GPU memory ------------------------------------------------------------------------------
+
+    def _oom_batch_sizes(self) -> list[int]:
+        return [c.batch_size for c, kind in self.failed if kind == "oom"]
+
+    def _memory_model(self) -> tuple[MemoryModel | None, int | None]:
+        """The fitted peak-memory line and this process's GPU capacity (Nones without CUDA)."""
+        points = [
+            (t.config.batch_size, t.cuda_peak_reserved_bytes)
+            for t in self.trials
+            if t.ok and t.cuda_peak_reserved_bytes
+        ]
+        capacities = [t.cuda_capacity_bytes for t in self.trials if t.cuda_capacity_bytes]
+        return memory.fit(points), (min(capacities) if capacities else None)  # type: ignore[arg-type]
+
+    def _memory_skip(self, config: Config) -> str | None:
+        """Why ``config``'s batch is predicted not to fit in GPU memory, or None."""
+        measured_ok = [c.batch_size for c in self.values]
+        if measured_ok and config.batch_size <= max(measured_ok):
+            return None  # a batch this large already ran
+        model, capacity = self._memory_model()
+        if model is None or capacity is None:
+            return None
+        limit = model.max_batch_size(capacity, margin=self.settings.memory_margin)
+        if limit is None or config.batch_size <= limit:
+            return None
+        return (
+            f"batch_size {config.batch_size} is predicted to need "
+            f"{model.predict(config.batch_size) / memory.MIB:,.0f} MiB of GPU memory; "
+            f"{(1 - self.settings.memory_margin) * capacity / memory.MIB:,.0f} MiB may be used"
+        )
+
+    def _verify_largest_batch(self, study: optuna.Study, space: SearchSpace) -> None:
+        """Enqueue one trial at the largest batch the model says fits, with the best settings."""
+        model, capacity = self._memory_model()
+        if model is None or capacity is None or self.best is None or len(space.batch_sizes) < 2:
+            return
+        size = memory.largest_safe_batch(
+            model,
+            capacity,
+            candidates=list(space.batch_sizes),
+            oom_at=self._oom_batch_sizes(),
+            margin=self.settings.memory_margin,
+        )
+        if size is None or any(c.batch_size == size for c in self.values):
+            return
+        study.enqueue_trial(
+            _params(dataclasses.replace(self.best.config, batch_size=size)), skip_if_exists=True
+        )
+
     def _finalists(self) -> list[Config]:
-        ranked = sorted(self.values, key=lambda c: self.values[c], reverse=True)
+        oom = self._oom_batch_sizes()
+        ranked = sorted(
+            (c for c in self.values if not oom or c.batch_size < min(oom)),
+            key=lambda c: self.values[c],
+            reverse=True,
+        )
         if not ranked:
             return []
-        top = [c for c in ranked if self.values[c] >= 0.85 * self.values[ranked[0]]][: self.settings.finalists]
+        top = [c for c in ranked if self.values[c] >= 0.85 * self.values[ranked[0]]][
+            : self.settings.finalists
+        ]
         at_user_bs = [c for c in ranked if c.batch_size == self.baseline.batch_size][:1]
         return list(dict.fromkeys([*top, *at_user_bs]))
 
-    def _confirm(self, study: optuna.Study, space: SearchSpace, *, baseline_only: bool = False
-                 ) -> Confirmation | None:
+    def _confirm(
+        self, study: optuna.Study, space: SearchSpace, *, baseline_only: bool = False
+    ) -> Confirmation | None:
         finalists = [] if baseline_only else self._finalists()
         configs = list(dict.fromkeys([*finalists, self.baseline]))
         wall = self._typical_wall()
-        rounds = min(self.settings.confirm_rounds, int(self._remaining() // max(wall * len(configs), 1e-9)))
+        rounds = min(
+            self.settings.confirm_rounds, int(self._remaining() // max(wall * len(configs), 1e-9))
+        )
         if rounds < 1:
             return None
 
@@ -513,8 +676,9 @@ class Search:
             self._record(study, space, result)
             return result
 
-        return confirm(run, finalists, self.baseline, rounds=rounds,
-                       deadline=self._deadline, trial_wall_s=wall)
+        return confirm(
+            run, finalists, self.baseline, rounds=rounds, deadline=self._deadline, trial_wall_s=wall
+        )
 
     # -- the whole search --------------------------------------------------------------------------
 
@@ -523,7 +687,9 @@ class Search:
         self._deadline = t0 + self.settings.budget_s
         # In-process trials share this process, whose memory is the user's: the budget is on top.
         own = tree_pss(os.getpid()) if self.runner.in_process else 0
-        self._memory_budget = own + int(self.settings.memory_budget_fraction * self.hw.ram_budget_bytes)
+        self._memory_budget = own + int(
+            self.settings.memory_budget_fraction * self.hw.ram_budget_bytes
+        )
         if self.observer:
             self.observer.search_started(self._deadline, self.settings.budget_s)
         with _quiet_optuna():
@@ -537,8 +703,12 @@ class Search:
                 n = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
                 raise SearchInterrupted(
                     f"search interrupted; {n} completed trials are kept in study "
-                    f"{self.settings.study_name!r} ({self.storage}); run the same command again to resume",
-                    study_name=self.settings.study_name, storage=self.storage, n_complete=n) from exc
+                    f"{self.settings.study_name!r} ({self.storage}); "
+                    "run the same command again to resume",
+                    study_name=self.settings.study_name,
+                    storage=self.storage,
+                    n_complete=n,
+                ) from exc
             except UserCodeError:
                 if self._open is not None:
                     study.tell(self._open, state=TrialState.FAIL)
@@ -553,8 +723,14 @@ class Search:
                 self.observer.phase("probe")
             w0, w1, replay = self._probe()
             space, _ = self._build_space(w0, w1)
-            est = estimate(w0=w0, w1=w1, replay=replay, usable_cpus=self.hw.usable_cpus,
-                           max_workers=space.max_workers)
+            est = estimate(
+                w0=w0,
+                w1=w1,
+                replay=replay,
+                usable_cpus=self.hw.usable_cpus,
+                max_workers=space.max_workers,
+                pinned=True in space.pin_memory,
+            )
             study.set_user_attr("space", {**dataclasses.asdict(space)})
             study.set_user_attr("estimates", est.to_dict())
             study.set_user_attr("baseline", self.baseline.loader_kwargs())
@@ -565,17 +741,33 @@ class Search:
             space, est = previous
             if self._baseline is None:
                 self._measure_baseline()
-            space = dataclasses.replace(space, batch_sizes=tuple(sorted({*space.batch_sizes, *self.batch_sizes})))
+            space = dataclasses.replace(
+                space, batch_sizes=tuple(sorted({*space.batch_sizes, *self.batch_sizes}))
+            )
         base = next((t for t in self.trials if t.phase == "baseline"), None)
-        if (base is not None and base.ok and base.measurement and est is not None
-                and len(space.batch_sizes) == 1 and base.measurement.blocked_fraction < 0.05
-                and (base.samples_per_s or 0) >= 0.9 * est.consumer_ceiling):
+        if (
+            base is not None
+            and base.ok
+            and base.measurement
+            and est is not None
+            and len(space.batch_sizes) == 1
+            and base.measurement.blocked_fraction < 0.05
+            and (base.samples_per_s or 0) >= 0.9 * est.consumer_ceiling
+        ):
             reason = "compute_bound"  # the loader keeps up: the step is the bottleneck
         else:
             if self.observer:
                 self.observer.phase("explore")
-            for seed in seed_configs(est, space, batch_size=self.baseline.batch_size,
-                                     epoch_length_known=bool(self.runner.epoch_samples)) if est else []:
+            for seed in (
+                seed_configs(
+                    est,
+                    space,
+                    batch_size=self.baseline.batch_size,
+                    epoch_length_known=bool(self.runner.epoch_samples),
+                )
+                if est
+                else []
+            ):
                 if seed not in self.values:
                     study.enqueue_trial(_params(seed), skip_if_exists=True)
             reason = self._explore(study, space, est)
@@ -583,13 +775,27 @@ class Search:
             self.observer.phase("confirm")
         confirmation = self._confirm(study, space, baseline_only=reason == "compute_bound")
         winner = (confirmation.winner if confirmation and confirmation.winner else None) or (
-            max(self.values, key=lambda c: self.values[c]) if self.values else None)
+            max(self.values, key=lambda c: self.values[c]) if self.values else None
+        )
         if winner is None:
             causes = sorted({kind for _, kind in self.failed})
-            raise LoadertuneError(f"every trial failed ({', '.join(causes) or 'no result'}); "
-                                  "see the trial table for each cause and its fix")
+            raise LoadertuneError(
+                f"every trial failed ({', '.join(causes) or 'no result'}); "
+                "see the trial table for each cause and its fix"
+            )
         return SearchOutcome(
-            baseline=self.baseline, winner=winner, trials=self.trials, confirmation=confirmation,
-            estimates=est, space=space, stop_reason=reason, study_name=self.settings.study_name,
-            storage=self.storage, elapsed_s=time.monotonic() - t0, n_previous_trials=n_previous,
-            user_batch_size=self.baseline.batch_size, values=dict(self.values))
+            baseline=self.baseline,
+            winner=winner,
+            trials=self.trials,
+            confirmation=confirmation,
+            estimates=est,
+            space=space,
+            stop_reason=reason,
+            study_name=self.settings.study_name,
+            storage=self.storage,
+            elapsed_s=time.monotonic() - t0,
+            n_previous_trials=n_previous,
+            user_batch_size=self.baseline.batch_size,
+            values=dict(self.values),
+            memory_margin=self.settings.memory_margin,
+        )

@@ -39,14 +39,20 @@ class Config:
     persistent_workers: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+        if (
+            isinstance(self.batch_size, bool)
+            or not isinstance(self.batch_size, int)
+            or self.batch_size < 1
+        ):
             raise ConfigError(f"batch_size must be a positive int, but got {self.batch_size=}.")
         if not isinstance(self.num_workers, int) or self.num_workers < 0:
             raise ConfigError(f"num_workers must be an int >= 0, but got {self.num_workers=}.")
         if self.num_workers == 0:
             if self.prefetch_factor is not None:
-                raise ConfigError("prefetch_factor needs num_workers > 0, but got "
-                                  f"{self.prefetch_factor=} with num_workers=0.")
+                raise ConfigError(
+                    "prefetch_factor needs num_workers > 0, but got "
+                    f"{self.prefetch_factor=} with num_workers=0."
+                )
             if self.persistent_workers:
                 raise ConfigError("persistent_workers=True needs num_workers > 0.")
         elif self.prefetch_factor is None:
@@ -102,7 +108,9 @@ def normalize_batch_sizes(batch_size: int | Iterable[int] | None) -> tuple[int, 
             raise ConfigError("batch_size is an empty list; give at least one candidate.")
     bad = [v for v in values if isinstance(v, bool) or not isinstance(v, int) or v < 1]
     if bad:
-        raise ConfigError(f"every batch size must be a positive int, but got {bad} in {batch_size!r}.")
+        raise ConfigError(
+            f"every batch size must be a positive int, but got {bad} in {batch_size!r}."
+        )
     return tuple(sorted(set(values)))
 
 
@@ -148,11 +156,19 @@ class SearchSpace:
             if config.persistent_workers not in self.persistent_workers:
                 return f"persistent_workers={config.persistent_workers} is not searched"
         if config.pin_memory not in self.pin_memory:
-            return "pin_memory needs CUDA" if config.pin_memory else "pin_memory=False is not searched"
+            return (
+                "pin_memory needs CUDA" if config.pin_memory else "pin_memory=False is not searched"
+            )
         in_flight = self.in_flight_bytes(config)
-        if self.max_in_flight_bytes is not None and in_flight is not None and in_flight > self.max_in_flight_bytes:
-            return (f"{config.in_flight_batches} batches in flight need {in_flight / 2**20:.0f} MiB, "
-                    f"over the {self.max_in_flight_bytes / 2**20:.0f} MiB shared-memory budget")
+        if (
+            self.max_in_flight_bytes is not None
+            and in_flight is not None
+            and in_flight > self.max_in_flight_bytes
+        ):
+            return (
+                f"{config.in_flight_batches} batches in flight need {in_flight / 2**20:.0f} MiB, "
+                f"over the {self.max_in_flight_bytes / 2**20:.0f} MiB shared-memory budget"
+            )
         return None
 
     def configs(self) -> list[Config]:
@@ -160,8 +176,9 @@ class SearchSpace:
         out = []
         for bs, pin in itertools.product(self.batch_sizes, self.pin_memory):
             out.append(Config(bs, 0, None, pin, False))
-            for w, pf, pers in itertools.product(range(1, self.max_workers + 1),
-                                                 self.prefetch_factors, self.persistent_workers):
+            for w, pf, pers in itertools.product(
+                range(1, self.max_workers + 1), self.prefetch_factors, self.persistent_workers
+            ):
                 out.append(Config(bs, w, pf, pin, pers))
         return [c for c in out if self.rejects(c) is None]
 
@@ -173,15 +190,20 @@ class SearchSpace:
         if w == 0:
             return Config(bs, 0, None, pin, False)
         pf = min(self.prefetch_factors, key=lambda p: abs(p - (config.prefetch_factor or 2)))
-        pers = (config.persistent_workers if config.persistent_workers in self.persistent_workers
-                else self.persistent_workers[0])
+        pers = (
+            config.persistent_workers
+            if config.persistent_workers in self.persistent_workers
+            else self.persistent_workers[0]
+        )
         candidate = Config(bs, w, pf, pin, pers)
         while self.rejects(candidate) is not None and candidate.num_workers > 0:
             smaller_pf = [p for p in self.prefetch_factors if p < (candidate.prefetch_factor or 0)]
             if smaller_pf:
                 candidate = Config(bs, candidate.num_workers, max(smaller_pf), pin, pers)
             elif candidate.num_workers > 1:
-                candidate = Config(bs, candidate.num_workers - 1, max(self.prefetch_factors), pin, pers)
+                candidate = Config(
+                    bs, candidate.num_workers - 1, max(self.prefetch_factors), pin, pers
+                )
             else:
                 candidate = Config(bs, 0, None, pin, False)
         return candidate
@@ -219,5 +241,7 @@ def check_max_workers(max_workers: int | None, logical_cpus: int) -> None:
     if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 0:
         raise ConfigError(f"max_workers must be an int >= 0, but got {max_workers=}.")
     if max_workers > sensible:
-        raise ConfigError(f"max_workers={max_workers} is more than anything sensible on this machine "
-                          f"({logical_cpus} logical CPUs); pass at most {sensible}.")
+        raise ConfigError(
+            f"max_workers={max_workers} is more than anything sensible on this machine "
+            f"({logical_cpus} logical CPUs); pass at most {sensible}."
+        )

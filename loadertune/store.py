@@ -64,7 +64,7 @@ def read(path: str | os.PathLike[str]) -> dict[str, Any]:
         ) from exc
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise RecommendationFileError(
-            f"{path} is not a loadertune recommendation file (no \"schema\": \"{SCHEMA}\"). "
+            f'{path} is not a loadertune recommendation file (no "schema": "{SCHEMA}"). '
             "Choose another file with --out, or pass --force to replace it (keeping a copy)."
         )
     version = doc.get("schema_version")
@@ -74,7 +74,7 @@ def read(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"{SCHEMA_VERSION}. Upgrade loadertune, or use another file with --out."
         )
     if not isinstance(doc.get("machines"), dict):
-        raise RecommendationFileError(f"{path} has no \"machines\" object; the file is damaged.")
+        raise RecommendationFileError(f'{path} has no "machines" object; the file is damaged.')
     return doc
 
 
@@ -93,8 +93,9 @@ def _write_atomic(path: Path, doc: dict[str, Any]) -> None:
         raise
 
 
-def save_entry(path: str | os.PathLike[str], key: str, entry: dict[str, Any], *,
-               force: bool = False) -> Path:
+def save_entry(
+    path: str | os.PathLike[str], key: str, entry: dict[str, Any], *, force: bool = False
+) -> Path:
     """Merge ``entry`` under ``key`` into the file at ``path``; return the path written.
 
     Args:
@@ -146,5 +147,5 @@ def entry_for(path: str | os.PathLike[str], key: str) -> dict[str, Any]:
         )
     entry = machines[key]
     if not isinstance(entry, dict) or not isinstance(entry.get("loader_kwargs"), dict):
-        raise RecommendationFileError(f"{path}: the entry for {key} has no \"loader_kwargs\".")
+        raise RecommendationFileError(f'{path}: the entry for {key} has no "loader_kwargs".')
     return entry

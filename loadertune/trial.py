@@ -62,6 +62,8 @@ class TrialResult:
     cuda_peak_allocated_bytes: int | None = None
     cuda_peak_reserved_bytes: int | None = None
     cuda_device: str | None = None  # PCI bus id of the device the step used
+    cuda_capacity_bytes: int | None = None  # free GPU memory + this process's reserved, at the end
+    transfer: dict[str, float] | None = None  # replay only: host-to-device rates of one batch
     number: int | None = None  # the Optuna trial number, when the search recorded it
     bytes_per_sample: float | None = None
     orphans_killed: int = 0
@@ -138,6 +140,8 @@ class TrialResult:
             "wall_s": self.wall_s,
             "cuda_peak_allocated_bytes": self.cuda_peak_allocated_bytes,
             "cuda_peak_reserved_bytes": self.cuda_peak_reserved_bytes,
+            "cuda_capacity_bytes": self.cuda_capacity_bytes,
+            "transfer": self.transfer,
             "bytes_per_sample": self.bytes_per_sample,
             "orphans_killed": self.orphans_killed,
             "number": self.number,
@@ -153,8 +157,15 @@ class TrialRunner(Protocol):
     bytes_per_sample: float | None  # size of one collated sample, once a trial has seen one
     user_error: type[UserCodeError]  # raised when the user's own code fails
 
-    def run(self, config: Config | None, *, window: WindowSpec, limits: Limits, phase: str = "search",
-            should_stop: ShouldStop | None = None) -> TrialResult:
+    def run(
+        self,
+        config: Config | None,
+        *,
+        window: WindowSpec,
+        limits: Limits,
+        phase: str = "search",
+        should_stop: ShouldStop | None = None,
+    ) -> TrialResult:
         """Measure ``config`` (None: the workload's own settings). ``phase="replay"`` replays one
         cached batch through the step instead of loading."""
 
@@ -164,7 +175,9 @@ class TrialRunner(Protocol):
 
 def window_for(config: Config, *, window_s: float, min_warmup: int = 2) -> WindowSpec:
     """A window whose warm-up drains every batch that was in flight at the start."""
-    return WindowSpec(warmup_batches=max(min_warmup, config.in_flight_batches + 1), window_s=window_s)
+    return WindowSpec(
+        warmup_batches=max(min_warmup, config.in_flight_batches + 1), window_s=window_s
+    )
 
 
 class Supervisor:
@@ -174,12 +187,19 @@ class Supervisor:
     the trial and record that failure.
     """
 
-    def __init__(self, root_pid: int, *, limits: Limits, should_stop: ShouldStop | None = None,
-                 gpu_index: int | None = None) -> None:
+    def __init__(
+        self,
+        root_pid: int,
+        *,
+        limits: Limits,
+        should_stop: ShouldStop | None = None,
+        gpu_index: int | None = None,
+    ) -> None:
         self.limits = limits
         self._should_stop = should_stop
-        self.sampler = ResourceSampler(root_pid, budget_bytes=limits.memory_budget_bytes,
-                                       gpu_index=gpu_index)
+        self.sampler = ResourceSampler(
+            root_pid, budget_bytes=limits.memory_budget_bytes, gpu_index=gpu_index
+        )
         self.t_start = time.monotonic()
         self.last_sign = self.t_start
         self.started = False  # the first batch arrived
@@ -225,12 +245,18 @@ class Supervisor:
         if self.sampler.budget_hit is not None and lim.memory_budget_bytes is not None:
             return failures.memory_budget(self.sampler.budget_hit, lim.memory_budget_bytes)
         if now - self.t_start > lim.timeout_s:
-            return Failure("timeout", f"the trial ran past its limit of {lim.timeout_s:.0f} s",
-                           "a slower setting or a hang; see the next trials")
+            return Failure(
+                "timeout",
+                f"the trial ran past its limit of {lim.timeout_s:.0f} s",
+                "a slower setting or a hang; see the next trials",
+            )
         if not self.started and now - self.t_start > lim.startup_s:
-            return Failure("timeout", f"no batch within {lim.startup_s:.0f} s of the start: the "
-                           "workers did not start or the first batch hung",
-                           failures.hang(lim.startup_s).advice)
+            return Failure(
+                "timeout",
+                f"no batch within {lim.startup_s:.0f} s of the start: the "
+                "workers did not start or the first batch hung",
+                failures.hang(lim.startup_s).advice,
+            )
         if self.started and now - self.last_sign > lim.hang_s:
             return failures.hang(lim.hang_s)
         return None

@@ -241,21 +241,34 @@ def make_text_dataset() -> Dataset:
     return dataset
 
 
+class EmbeddingBagClassifier(nn.Module):
+    """Mean of the token embeddings (``padding_idx`` left out) and a linear layer."""
+
+    def __init__(self, n_ids: int, dim: int = 64, n_classes: int = 4) -> None:
+        super().__init__()
+        self.bag = nn.EmbeddingBag(n_ids, dim, mode="mean", padding_idx=train_text.PAD,
+                                   sparse=True)
+        self.fc = nn.Linear(dim, n_classes)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.bag(ids))
+
+
 class TextStep(_Step):
-    """The example's bag-of-embeddings model, with Adam (dense updates of the embedding table)."""
+    """An embedding-bag classifier with sparse gradients and SGD (fastText style): ~1 ms."""
 
     def __init__(self, n_ids: int = TEXT_N_IDS) -> None:
         super().__init__()
         self.n_ids = n_ids
 
     def build(self) -> tuple[nn.Module, torch.optim.Optimizer]:
-        model = train_text.BagOfEmbeddings(self.n_ids)
-        return model, torch.optim.Adam(model.parameters(), lr=3e-3)
+        model = EmbeddingBagClassifier(self.n_ids)
+        return model, torch.optim.SGD(model.parameters(), lr=0.5)
 
     def __call__(self, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> float:
         model, opt = self.state
-        ids, lengths, labels = batch
-        loss = nn.functional.cross_entropy(model(ids, lengths), labels)
+        ids, _lengths, labels = batch
+        loss = nn.functional.cross_entropy(model(ids), labels)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

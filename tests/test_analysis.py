@@ -21,9 +21,17 @@ from loadertune.trial import TrialResult
 
 
 def _ok(rate: float, blocked: float, gpu: list[int] | None = None) -> TrialResult:
-    m = Measurement(samples_per_s=rate, sub_window_samples_per_s=[rate] * 4, blocked_fraction=blocked,
-                    first_batch_s=0.01, warmup_s=0.1, window_s=1.0, n_samples=int(rate),
-                    n_batches=max(1, int(rate) // 32), complete=True)
+    m = Measurement(
+        samples_per_s=rate,
+        sub_window_samples_per_s=[rate] * 4,
+        blocked_fraction=blocked,
+        first_batch_s=0.01,
+        warmup_s=0.1,
+        window_s=1.0,
+        n_samples=int(rate),
+        n_batches=max(1, int(rate) // 32),
+        complete=True,
+    )
     res = ResourceUsage(gpu_index=0, gpu_util_percent=gpu) if gpu is not None else None
     return TrialResult(config=Config(32, 2), phase="confirm", measurement=m, resources=res)
 
@@ -34,9 +42,17 @@ def _failed() -> TrialResult:
 
 @pytest.mark.parametrize(
     ("blocked", "expected"),
-    [(0.5, "input"), (0.01, "compute"), (0.1, "balanced"), (1.0, "input"), (0.0, "compute"),
-     (INPUT_BOUND_BLOCKED, "input"), (COMPUTE_BOUND_BLOCKED, "compute"), (0.19, "balanced"),
-     (0.06, "balanced")],
+    [
+        (0.5, "input"),
+        (0.01, "compute"),
+        (0.1, "balanced"),
+        (1.0, "input"),
+        (0.0, "compute"),
+        (INPUT_BOUND_BLOCKED, "input"),
+        (COMPUTE_BOUND_BLOCKED, "compute"),
+        (0.19, "balanced"),
+        (0.06, "balanced"),
+    ],
 )
 def test_bottleneck(blocked: float, expected: str) -> None:
     assert bottleneck(blocked) == expected
@@ -45,8 +61,12 @@ def test_bottleneck(blocked: float, expected: str) -> None:
 def test_gpu_histogram_bands() -> None:
     hist = gpu_histogram([0, 5, 9, 10, 49, 50, 89, 90, 99, 100])
     assert list(hist) == ["0-10%", "10-50%", "50-90%", "90-100%"]
-    assert hist == {"0-10%": pytest.approx(0.3), "10-50%": pytest.approx(0.2),
-                    "50-90%": pytest.approx(0.2), "90-100%": pytest.approx(0.3)}
+    assert hist == {
+        "0-10%": pytest.approx(0.3),
+        "10-50%": pytest.approx(0.2),
+        "50-90%": pytest.approx(0.2),
+        "90-100%": pytest.approx(0.3),
+    }
 
 
 @pytest.mark.parametrize("samples", [[0], [100] * 7, [0, 99, 0, 99, 0], list(range(101))])
@@ -98,10 +118,18 @@ def test_describe_trial_gpu_evidence() -> None:
 
 def test_ceilings() -> None:
     assert ceilings(None) == {}
-    est = Estimates(load_s_per_sample=0.001, load_cpu_fraction=0.1, worker_s_per_sample=0.001,
-                    step_s_per_sample=0.0005, step_cpu_per_sample=0.0005, usable_cpus=2,
-                    max_workers=16, consumer_ceiling=2000.0, loader_ceiling=16000.0,
-                    cpu_ceiling=3333.0)
+    est = Estimates(
+        load_s_per_sample=0.001,
+        load_cpu_fraction=0.1,
+        worker_s_per_sample=0.001,
+        step_s_per_sample=0.0005,
+        step_cpu_per_sample=0.0005,
+        usable_cpus=2,
+        max_workers=16,
+        consumer_ceiling=2000.0,
+        loader_ceiling=16000.0,
+        cpu_ceiling=3333.0,
+    )
     out = ceilings(est)
     assert out["achievable_samples_per_s"] == 2000.0
     assert out["limiting_stage"] == "consumer"

@@ -106,7 +106,8 @@ def test_send_after_other_side_closed(ends: tuple[Channel, Channel, socket.socke
 
 
 def test_message_split_over_two_sends_is_reassembled(
-        ends: tuple[Channel, Channel, socket.socket]) -> None:
+    ends: tuple[Channel, Channel, socket.socket],
+) -> None:
     ours, _, theirs = ends
     data = _line({"t": "result", "measurement": {"samples_per_s": 1000.0, "n": list(range(20))}})
     theirs.sendall(data[:7])
@@ -141,12 +142,9 @@ def test_large_message(ends: tuple[Channel, Channel, socket.socket]) -> None:
     assert got == msg
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: once recv() has read part of a message it stops waiting (timeout becomes 0), so "
-    "recv(timeout=10) returns None although the rest of the message arrives 0.5 s later, "
-    "well within the timeout (docstring: None only 'if none came within timeout')"))
 def test_recv_waits_for_the_rest_of_a_message_within_timeout(
-        ends: tuple[Channel, Channel, socket.socket]) -> None:
+    ends: tuple[Channel, Channel, socket.socket],
+) -> None:
     ours, _, theirs = ends
     data = _line({"t": "result", "n": 1})
     theirs.sendall(data[:5])

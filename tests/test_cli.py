@@ -18,12 +18,21 @@ SCRIPTS = Path(__file__).parent / "scripts"
 FAST = ["--budget", "12", "--trials", "4", "--window", "0.3", "--fresh"]
 
 
-def loadertune(*args: str, cwd: Path | None = None, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "loadertune", *args], capture_output=True,
-                          text=True, cwd=cwd, timeout=timeout)
+def loadertune(
+    *args: str, cwd: Path | None = None, timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "loadertune", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=timeout,
+    )
 
 
-def search(script: str, tmp_path: Path, *extra: str, script_args: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+def search(
+    script: str, tmp_path: Path, *extra: str, script_args: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
     out = tmp_path / "rec.json"
     args = ["search", str(SCRIPTS / script), "--out", str(out), "--json", *FAST, *extra]
     if script_args:
@@ -59,11 +68,13 @@ def test_script_arguments_pass_through(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_the_first_loader_iterated_is_tuned(tmp_path: Path) -> None:
     """train_val.py creates the validation loader first and iterates the training one first."""
+    lines = (SCRIPTS / "train_val.py").read_text().splitlines()
+    line = 1 + next(i for i, text in enumerate(lines) if text.startswith("train ="))
     data = summary(search("train_val.py", tmp_path))
     assert data["workload"]["loader_index"] == 2
-    assert data["workload"]["call_site"].endswith("train_val.py:10")
+    assert data["workload"]["call_site"].endswith(f"train_val.py:{line}")
     assert data["baseline"]["loader_kwargs"]["num_workers"] == 1
-    by_site = summary(search("train_val.py", tmp_path, "--loader", "train_val.py:10"))
+    by_site = summary(search("train_val.py", tmp_path, "--loader", f"train_val.py:{line}"))
     assert by_site["workload"]["loader_index"] == 2
 
 
@@ -84,14 +95,22 @@ def test_a_script_that_ends_early_gives_a_low_confidence_result(tmp_path: Path) 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("script", "extra", "message"), [
-    ("crash_early.py", (), "learning_rate"),
-    ("dataset_bug.py", (), "cannot decode sample 3"),
-    ("no_loader.py", (), "without iterating"),
-    ("never_iterates.py", ("--startup-timeout", "3"), "did not iterate a DataLoader within 3 s"),
-])
-def test_script_failures_stop_at_once_with_the_cause(script: str, extra: tuple[str, ...], message: str,
-                                                     tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("script", "extra", "message"),
+    [
+        ("crash_early.py", (), "learning_rate"),
+        ("dataset_bug.py", (), "cannot decode sample 3"),
+        ("no_loader.py", (), "without iterating"),
+        (
+            "never_iterates.py",
+            ("--startup-timeout", "3"),
+            "did not iterate a DataLoader within 3 s",
+        ),
+    ],
+)
+def test_script_failures_stop_at_once_with_the_cause(
+    script: str, extra: tuple[str, ...], message: str, tmp_path: Path
+) -> None:
     t0 = time.monotonic()
     proc = search(script, tmp_path, *extra)
     assert proc.returncode == 1
@@ -100,14 +119,29 @@ def test_script_failures_stop_at_once_with_the_cause(script: str, extra: tuple[s
     assert not (tmp_path / "rec.json").exists()
 
 
-@pytest.mark.parametrize(("args", "code", "message"), [
-    (["search", "no/such/train.py"], 1, "does not exist"),
-    (["search", "tests/scripts/short.py", "--batch-sizes", "0,32"], 2, "positive integers"),
-    (["search", "tests/scripts/short.py", "--budget", "-5"], 1, "budget_s must be a positive"),
-    (["search", "tests/scripts/short.py", "--max-workers", "100000"], 1, "more than anything sensible"),
-    (["search", "tests/scripts/short.py", "--loader", "x"], 2, "N (order of creation) or FILE:LINE"),
-    (["search", "tests/scripts/short.py", "--storage", "nosuchdb://x"], 1, "not a storage Optuna can open"),
-])
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["search", "no/such/train.py"], 1, "does not exist"),
+        (["search", "tests/scripts/short.py", "--batch-sizes", "0,32"], 2, "positive integers"),
+        (["search", "tests/scripts/short.py", "--budget", "-5"], 1, "budget_s must be a positive"),
+        (
+            ["search", "tests/scripts/short.py", "--max-workers", "100000"],
+            1,
+            "more than anything sensible",
+        ),
+        (
+            ["search", "tests/scripts/short.py", "--loader", "x"],
+            2,
+            "N (order of creation) or FILE:LINE",
+        ),
+        (
+            ["search", "tests/scripts/short.py", "--storage", "nosuchdb://x"],
+            1,
+            "not a storage Optuna can open",
+        ),
+    ],
+)
 def test_bad_input_is_a_clear_error(args: list[str], code: int, message: str) -> None:
     proc = loadertune(*args, cwd=Path(__file__).parent.parent)
     assert proc.returncode == code, proc.stderr
@@ -130,9 +164,17 @@ def test_a_corrupt_out_file_is_reported_before_searching_and_kept(tmp_path: Path
 
 
 def _entry(num_workers: int) -> dict:
-    return {"loader_kwargs": {"batch_size": 16, "num_workers": num_workers, "prefetch_factor": 2,
-                              "pin_memory": False, "persistent_workers": False},
-            "workload": {"loader_index": 1, "call_site": "short.py:7"}, "samples_per_s": 123.0}
+    return {
+        "loader_kwargs": {
+            "batch_size": 16,
+            "num_workers": num_workers,
+            "prefetch_factor": 2,
+            "pin_memory": False,
+            "persistent_workers": False,
+        },
+        "workload": {"loader_index": 1, "call_site": "short.py:7"},
+        "samples_per_s": 123.0,
+    }
 
 
 def test_run_applies_this_machines_settings(tmp_path: Path) -> None:
@@ -177,10 +219,25 @@ def test_help_on_every_command() -> None:
 @pytest.mark.slow
 def test_ctrl_c_keeps_the_study_and_the_file_and_resumes(tmp_path: Path) -> None:
     out = tmp_path / "rec.json"
-    args = ["search", str(SCRIPTS / "style_alias.py"), "--out", str(out), "--budget", "120",
-            "--window", "0.3", "--study", "ctrl-c", "--json"]
-    proc = subprocess.Popen([sys.executable, "-m", "loadertune", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    args = [
+        "search",
+        str(SCRIPTS / "style_alias.py"),
+        "--out",
+        str(out),
+        "--budget",
+        "120",
+        "--window",
+        "0.3",
+        "--study",
+        "ctrl-c",
+        "--json",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loadertune", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     storage = Path(os.environ["LOADERTUNE_CACHE_DIR"]) / "studies.db"
     import optuna

@@ -17,29 +17,46 @@ from loadertune.trial import TrialResult
 A, B, C = Config(64), Config(64, 2), Config(64, 4, 4)
 
 
-def _result(config: Config, rate: float | None, *, sub: list[float] | None = None,
-            pruned: bool = False) -> TrialResult:
+def _result(
+    config: Config, rate: float | None, *, sub: list[float] | None = None, pruned: bool = False
+) -> TrialResult:
     """A confirm-phase result at ``rate`` samples/s, or a failed one when ``rate`` is None."""
     if rate is None:
-        return TrialResult(config=config, phase="confirm",
-                           failure=Failure("worker_killed", "killed", "fewer workers"))
-    m = Measurement(samples_per_s=rate, sub_window_samples_per_s=sub if sub is not None else [rate] * 4,
-                    blocked_fraction=0.1, first_batch_s=0.01, warmup_s=0.1, window_s=1.0,
-                    n_samples=int(rate), n_batches=max(1, int(rate) // 64), complete=True)
+        return TrialResult(
+            config=config,
+            phase="confirm",
+            failure=Failure("worker_killed", "killed", "fewer workers"),
+        )
+    m = Measurement(
+        samples_per_s=rate,
+        sub_window_samples_per_s=sub if sub is not None else [rate] * 4,
+        blocked_fraction=0.1,
+        first_batch_s=0.01,
+        warmup_s=0.1,
+        window_s=1.0,
+        n_samples=int(rate),
+        n_batches=max(1, int(rate) // 64),
+        complete=True,
+    )
     return TrialResult(config=config, phase="confirm", measurement=m, pruned=pruned)
 
 
-def _confirmation(baseline: Config, values: dict[Config, list[float]],
-                  subs: dict[Config, list[list[float]]] | None = None) -> Confirmation:
+def _confirmation(
+    baseline: Config,
+    values: dict[Config, list[float]],
+    subs: dict[Config, list[list[float]]] | None = None,
+) -> Confirmation:
     conf = Confirmation(baseline=baseline)
     for config, vals in values.items():
         conf.values[config] = list(vals)
         per_round = (subs or {}).get(config) or [None] * len(vals)
-        conf.results[config] = [_result(config, v, sub=s) for v, s in zip(vals, per_round)]
+        conf.results[config] = [
+            _result(config, v, sub=s) for v, s in zip(vals, per_round, strict=True)
+        ]
     return conf
 
 
-# -- interleaved -------------------------------------------------------------------------------------
+# -- interleaved ----------------------------------------------------------------------------------
 
 
 def test_interleaved_three_by_three_is_rotations() -> None:
@@ -48,7 +65,7 @@ def test_interleaved_three_by_three_is_rotations() -> None:
 
 def test_interleaved_no_setting_always_first_or_last() -> None:
     order = interleaved([A, B, C], 3)
-    rounds = [order[i:i + 3] for i in range(0, 9, 3)]
+    rounds = [order[i : i + 3] for i in range(0, 9, 3)]
     for r in rounds:
         assert sorted(r) == sorted([A, B, C])  # each setting once per round
     for position in range(3):
@@ -62,7 +79,7 @@ def test_interleaved_more_rounds_than_configs_and_edge_cases() -> None:
     assert interleaved([A, B, C], 1) == [A, B, C]
 
 
-# -- Confirmation ------------------------------------------------------------------------------------
+# -- Confirmation ---------------------------------------------------------------------------------
 
 
 def test_median_winner_spread() -> None:
@@ -123,11 +140,17 @@ def test_not_clearly_better_when_winner_is_the_baseline() -> None:
 
 
 def test_single_round_falls_back_to_sub_window_rates() -> None:
-    clear = _confirmation(A, {A: [100.0], B: [200.0]},
-                          subs={A: [[98.0, 101.0, 100.0, 102.0]], B: [[195.0, 205.0, 198.0, 202.0]]})
+    clear = _confirmation(
+        A,
+        {A: [100.0], B: [200.0]},
+        subs={A: [[98.0, 101.0, 100.0, 102.0]], B: [[195.0, 205.0, 198.0, 202.0]]},
+    )
     assert clear.clearly_better is True
-    overlap = _confirmation(A, {A: [100.0], B: [200.0]},
-                            subs={A: [[90.0, 150.0, 100.0, 95.0]], B: [[140.0, 260.0, 200.0, 210.0]]})
+    overlap = _confirmation(
+        A,
+        {A: [100.0], B: [200.0]},
+        subs={A: [[90.0, 150.0, 100.0, 95.0]], B: [[140.0, 260.0, 200.0, 210.0]]},
+    )
     assert overlap.clearly_better is False
 
 
@@ -138,8 +161,11 @@ def test_sub_window_fallback_needs_two_rates_each() -> None:
 
 def test_two_rounds_of_one_side_are_not_enough() -> None:
     """Two rounds of the winner but one of the baseline: the sub-window rates decide."""
-    conf = _confirmation(A, {A: [100.0], B: [200.0, 210.0]},
-                         subs={A: [[90.0, 250.0]], B: [[190.0, 210.0], [205.0, 215.0]]})
+    conf = _confirmation(
+        A,
+        {A: [100.0], B: [200.0, 210.0]},
+        subs={A: [[90.0, 250.0]], B: [[190.0, 210.0], [205.0, 215.0]]},
+    )
     assert conf.clearly_better is False  # by rounds (200 > 100) it would have been True
 
 
@@ -158,7 +184,7 @@ def test_baseline_never_run_is_not_clearly_beaten() -> None:
     assert conf.clearly_better is False
 
 
-# -- confirm -----------------------------------------------------------------------------------------
+# -- confirm --------------------------------------------------------------------------------------
 
 
 class _Clock:
@@ -177,8 +203,9 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
     return fake
 
 
-def _runner(clock: _Clock, rates: dict[Config, list[float | None]],
-            wall: float = 10.0) -> tuple[Callable[[Config], TrialResult], list[Config]]:
+def _runner(
+    clock: _Clock, rates: dict[Config, list[float | None]], wall: float = 10.0
+) -> tuple[Callable[[Config], TrialResult], list[Config]]:
     """A fake ``run``: each call takes ``wall`` seconds of the fake clock and is recorded."""
     ran: list[Config] = []
 
@@ -192,8 +219,11 @@ def _runner(clock: _Clock, rates: dict[Config, list[float | None]],
 
 
 def test_confirm_runs_interleaved_rounds(clock: _Clock) -> None:
-    rates: dict[Config, list[float | None]] = {A: [100.0, 101.0, 99.0], B: [200.0, 210.0, 190.0],
-                                               C: [150.0, 150.0, 150.0]}
+    rates: dict[Config, list[float | None]] = {
+        A: [100.0, 101.0, 99.0],
+        B: [200.0, 210.0, 190.0],
+        C: [150.0, 150.0, 150.0],
+    }
     run, ran = _runner(clock, rates)
     outcome = confirm(run, [B, C], A, rounds=3, deadline=1000.0, trial_wall_s=10.0)
     assert ran == [B, C, A, C, A, B, A, B, C]
@@ -251,6 +281,7 @@ def test_confirm_records_failures_and_ignores_pruned_rates(clock: _Clock) -> Non
 
 def test_confirm_uses_epoch_rates(clock: _Clock) -> None:
     """The value of a round is the rate over a whole epoch, start-up included."""
+
     def run(config: Config) -> TrialResult:
         clock.now += 1.0
         result = _result(config, 1000.0)

@@ -22,26 +22,36 @@ from loadertune.failures import (
 
 # The messages torch 2.x prints (or that its exceptions carry), verbatim.
 KILLED = "DataLoader worker (pid 2183) is killed by signal: Killed. "
-BUS_ERROR = ("DataLoader worker (pid 2194) is killed by signal: Bus error. It is possible that "
-             "dataloader's workers are out of shared memory. Please try to raise your shared "
-             "memory limit.")
+BUS_ERROR = (
+    "DataLoader worker (pid 2194) is killed by signal: Bus error. It is possible that "
+    "dataloader's workers are out of shared memory. Please try to raise your shared "
+    "memory limit."
+)
 SEGFAULT = "DataLoader worker (pid 2205) is killed by signal: Segmentation fault. "
 TIMED_OUT = "DataLoader timed out after 5 seconds"
-TOO_MANY_FILES = ("Too many open files. Communication with the workers is no longer possible. "
-                  "Please increase the limit using `ulimit -n` in the shell or change the sharing "
-                  "strategy by calling `torch.multiprocessing.set_sharing_strategy('file_system')` "
-                  "at the beginning of your code")
+TOO_MANY_FILES = (
+    "Too many open files. Communication with the workers is no longer possible. "
+    "Please increase the limit using `ulimit -n` in the shell or change the sharing "
+    "strategy by calling `torch.multiprocessing.set_sharing_strategy('file_system')` "
+    "at the beginning of your code"
+)
 ANCDATA = "received 0 items of ancdata"
-CUDA_FORK = ("Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, "
-             "you must use the 'spawn' start method")
-CUDA_OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; "
-            "79.15 GiB total capacity; 75.02 GiB already allocated; 1.10 GiB free)")
+CUDA_FORK = (
+    "Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, "
+    "you must use the 'spawn' start method"
+)
+CUDA_OOM = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; "
+    "79.15 GiB total capacity; 75.02 GiB already allocated; 1.10 GiB free)"
+)
 PIN_THREAD = "Pin memory thread exited unexpectedly"
 WORKER_EXITED = "DataLoader worker (pid(s) 3141, 3142) exited unexpectedly"
-SHM_WRITE = ("unable to write to file </torch_2183_3923811218_0>: No space left on device (28)")
-DATASET_ERROR = ("Caught ValueError in DataLoader worker process 1.\nOriginal Traceback (most "
-                 "recent call last):\n  File \"worker.py\", line 349, in _worker_loop\n    data = "
-                 "fetcher.fetch(index)\nValueError: corrupt sample 5\n")
+SHM_WRITE = "unable to write to file </torch_2183_3923811218_0>: No space left on device (28)"
+DATASET_ERROR = (
+    "Caught ValueError in DataLoader worker process 1.\nOriginal Traceback (most "
+    'recent call last):\n  File "worker.py", line 349, in _worker_loop\n    data = '
+    "fetcher.fetch(index)\nValueError: corrupt sample 5\n"
+)
 
 
 @pytest.mark.parametrize(
@@ -76,11 +86,15 @@ def test_classify_text_setting_failures(text: str, kind: str, where: str) -> Non
 
 def test_worker_wrapped_errors_keep_their_cause() -> None:
     """A resource error raised inside a worker and re-raised by torch is still a resource error."""
-    wrapped = ("Caught RuntimeError in DataLoader worker process 0.\nOriginal Traceback (most "
-               f"recent call last):\n  ...\nRuntimeError: {CUDA_FORK}\n")
+    wrapped = (
+        "Caught RuntimeError in DataLoader worker process 0.\nOriginal Traceback (most "
+        f"recent call last):\n  ...\nRuntimeError: {CUDA_FORK}\n"
+    )
     assert classify_text(wrapped, where="loader").kind == "cuda_in_fork"
-    wrapped = ("Caught RuntimeError in DataLoader worker process 3.\nOriginal Traceback (most "
-               f"recent call last):\n  ...\nRuntimeError: {SHM_WRITE}\n")
+    wrapped = (
+        "Caught RuntimeError in DataLoader worker process 3.\nOriginal Traceback (most "
+        f"recent call last):\n  ...\nRuntimeError: {SHM_WRITE}\n"
+    )
     assert classify_text(wrapped, where="loader").kind == "shm_exhausted"
 
 
@@ -122,35 +136,30 @@ def test_classify_text_truncates_long_last_line() -> None:
     assert len(failure.message) < 300
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: torch re-raises a worker's MemoryError as 'MemoryError: Caught MemoryError in "
-    "DataLoader worker process 0. ...'; script mode classifies that text with classify_text, "
-    "which calls it a dataset_error (user bug, the search stops) instead of host_oom as "
-    "classify_exception does for the same exception"))
 def test_classify_text_memory_error_in_worker_is_host_oom() -> None:
-    text = ("MemoryError: Caught MemoryError in DataLoader worker process 0.\nOriginal Traceback "
-            "(most recent call last):\n  File \"/usr/lib/python3/site-packages/torch/utils/data/"
-            "_utils/worker.py\", line 374, in _worker_loop\n    data = fetcher.fetch(index)\n"
-            "MemoryError\n")
+    text = (
+        "MemoryError: Caught MemoryError in DataLoader worker process 0.\nOriginal Traceback "
+        '(most recent call last):\n  File "/usr/lib/python3/site-packages/torch/utils/data/'
+        '_utils/worker.py", line 374, in _worker_loop\n    data = fetcher.fetch(index)\n'
+        "MemoryError\n"
+    )
     failure = classify_text(text, where="loader")
     assert failure.kind == "host_oom"
     assert failure.user_bug is False
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: torch's 'CUDA error: out of memory' (cudaErrorMemoryAllocation, e.g. from a CUDA "
-    "kernel launch or context creation) does not match the oom pattern ('CUDA out of memory'), "
-    "so it becomes a step_error user bug that stops the search"))
 def test_classify_text_cuda_error_out_of_memory_is_oom() -> None:
-    text = ("RuntimeError: CUDA error: out of memory\nCUDA kernel errors might be asynchronously "
-            "reported at some other API call, so the stacktrace below might be incorrect.\nFor "
-            "debugging consider passing CUDA_LAUNCH_BLOCKING=1\n")
+    text = (
+        "RuntimeError: CUDA error: out of memory\nCUDA kernel errors might be asynchronously "
+        "reported at some other API call, so the stacktrace below might be incorrect.\nFor "
+        "debugging consider passing CUDA_LAUNCH_BLOCKING=1\n"
+    )
     failure = classify_text(text, where="step")
     assert failure.kind == "oom"
     assert failure.user_bug is False
 
 
-# -- classify_exception ------------------------------------------------------------------------------
+# -- classify_exception ---------------------------------------------------------------------------
 
 
 def _raised(exc: BaseException) -> BaseException:
@@ -200,7 +209,7 @@ def test_classify_exception_user_errors() -> None:
     assert "ValueError: shapes do not match" in failure.message
 
 
-# -- classify_exit -----------------------------------------------------------------------------------
+# -- classify_exit --------------------------------------------------------------------------------
 
 
 def test_classify_exit_sigkill_is_host_oom() -> None:
@@ -249,16 +258,34 @@ def test_classify_exit_without_output() -> None:
     assert "status 3" in failure.message
 
 
-# -- every failure -----------------------------------------------------------------------------------
+# -- every failure --------------------------------------------------------------------------------
 
 
 def _all_failures() -> list[Failure]:
-    texts = [KILLED, BUS_ERROR, SEGFAULT, TIMED_OUT, TOO_MANY_FILES, ANCDATA, CUDA_FORK, CUDA_OOM,
-             PIN_THREAD, WORKER_EXITED, SHM_WRITE, DATASET_ERROR, "", "something else"]
+    texts = [
+        KILLED,
+        BUS_ERROR,
+        SEGFAULT,
+        TIMED_OUT,
+        TOO_MANY_FILES,
+        ANCDATA,
+        CUDA_FORK,
+        CUDA_OOM,
+        PIN_THREAD,
+        WORKER_EXITED,
+        SHM_WRITE,
+        DATASET_ERROR,
+        "",
+        "something else",
+    ]
     out = [classify_text(t, where=w) for t in texts for w in ("loader", "step", "script")]
-    out += [classify_exception(_raised(e), where="step")
-            for e in (MemoryError(), OSError(24, "x"), ValueError("v"))]
-    out += [classify_exit(rc, output=o) for rc in (-9, -11, -7, -200, 0, 1) for o in ("", BUS_ERROR)]
+    out += [
+        classify_exception(_raised(e), where="step")
+        for e in (MemoryError(), OSError(24, "x"), ValueError("v"))
+    ]
+    out += [
+        classify_exit(rc, output=o) for rc in (-9, -11, -7, -200, 0, 1) for o in ("", BUS_ERROR)
+    ]
     out += [failures.hang(10), failures.memory_budget(3 * 2**30, 2 * 2**30)]
     return out
 
@@ -272,8 +299,13 @@ def test_every_failure_has_message_and_advice() -> None:
 
 def test_failure_to_dict() -> None:
     failure = Failure("oom", "m", "a", user_bug=False, detail="d")
-    assert failure.to_dict() == {"kind": "oom", "message": "m", "advice": "a", "user_bug": False,
-                                 "detail": "d"}
+    assert failure.to_dict() == {
+        "kind": "oom",
+        "message": "m",
+        "advice": "a",
+        "user_bug": False,
+        "detail": "d",
+    }
 
 
 def test_hang_and_memory_budget() -> None:
@@ -297,7 +329,7 @@ def test_resource_kinds() -> None:
         assert classify_text(text, where="loader").kind not in RESOURCE_KINDS
 
 
-# -- the messages as torch produces them -------------------------------------------------------------
+# -- the messages as torch produces them ----------------------------------------------------------
 
 
 def _torch_chain(signal_text: str) -> BaseException:
@@ -312,11 +344,13 @@ def _torch_chain(signal_text: str) -> BaseException:
         return exc
 
 
-@pytest.mark.parametrize(("signal_text", "kind"), [(KILLED, "worker_killed"),
-                                                   (BUS_ERROR, "shm_exhausted"),
-                                                   (SEGFAULT, "worker_crashed")])
-def test_classify_exception_looks_at_the_cause_of_exited_unexpectedly(signal_text: str,
-                                                                      kind: str) -> None:
+@pytest.mark.parametrize(
+    ("signal_text", "kind"),
+    [(KILLED, "worker_killed"), (BUS_ERROR, "shm_exhausted"), (SEGFAULT, "worker_crashed")],
+)
+def test_classify_exception_looks_at_the_cause_of_exited_unexpectedly(
+    signal_text: str, kind: str
+) -> None:
     exc = _torch_chain(signal_text)
     failure = classify_exception(exc, where="loader")
     assert failure.kind == kind
@@ -325,13 +359,19 @@ def test_classify_exception_looks_at_the_cause_of_exited_unexpectedly(signal_tex
 
 def test_chain_text_lists_the_exception_and_its_causes() -> None:
     text = failures.chain_text(_torch_chain(KILLED))
-    assert text.splitlines()[0] == "RuntimeError: DataLoader worker (pid(s) 2183) exited unexpectedly"
+    first = "RuntimeError: DataLoader worker (pid(s) 2183) exited unexpectedly"
+    assert text.splitlines()[0] == first
     assert f"RuntimeError: {KILLED}" in text
 
 
-@pytest.mark.parametrize(("signum", "kind"), [(signal.SIGKILL, "worker_killed"),
-                                              (signal.SIGBUS, "shm_exhausted"),
-                                              (signal.SIGSEGV, "worker_crashed")])
+@pytest.mark.parametrize(
+    ("signum", "kind"),
+    [
+        (signal.SIGKILL, "worker_killed"),
+        (signal.SIGBUS, "shm_exhausted"),
+        (signal.SIGSEGV, "worker_crashed"),
+    ],
+)
 def test_classify_exception_with_dead_worker_signals(signum: int, kind: str) -> None:
     """When torch only says "exited unexpectedly", the workers' exit signals name the cause."""
     exc = _raised(RuntimeError("DataLoader worker (pid(s) 2183) exited unexpectedly"))
@@ -373,8 +413,13 @@ print(json.dumps(out))
 @pytest.mark.slow
 def test_real_dataloader_failures() -> None:
     """Failures produced by a real DataLoader: the texts the classifier must recognise."""
-    proc = subprocess.run([sys.executable, "-c", _PRODUCE, "raise", "sigkill", "sigbus"],
-                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent)
+    proc = subprocess.run(
+        [sys.executable, "-c", _PRODUCE, "raise", "sigkill", "sigbus"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parent,
+    )
     assert proc.returncode == 0, proc.stderr
     produced = json.loads(proc.stdout.strip().splitlines()[-1])
     assert all(produced.values()), produced  # every fault made next() fail

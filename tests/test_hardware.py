@@ -29,7 +29,7 @@ def _write(root: Path, rel: str, text: str) -> None:
     path.write_text(text + "\n")  # the kernel ends these files with a newline
 
 
-# -- cgroup CPU quota --------------------------------------------------------------------------------
+# -- cgroup CPU quota -----------------------------------------------------------------------------
 
 
 def test_cpu_quota_v2_unlimited(tmp_path: Path) -> None:
@@ -76,7 +76,7 @@ def test_cpu_quota_without_cgroup_files(tmp_path: Path) -> None:
     assert cgroup_cpu_quota(str(tmp_path / "does-not-exist")) is None
 
 
-# -- cgroup memory limit -----------------------------------------------------------------------------
+# -- cgroup memory limit --------------------------------------------------------------------------
 
 
 def test_memory_limit_v2_unlimited(tmp_path: Path) -> None:
@@ -110,7 +110,7 @@ def test_memory_limit_without_cgroup_files(tmp_path: Path) -> None:
     assert cgroup_memory_limit(str(tmp_path)) is None
 
 
-# -- usable CPUs -------------------------------------------------------------------------------------
+# -- usable CPUs ----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -137,13 +137,20 @@ def test_usable_cpus_defaults_to_affinity_mask() -> None:
     assert usable_cpus(quota=1.0) == 1
 
 
-# -- Hardware ----------------------------------------------------------------------------------------
+# -- Hardware -------------------------------------------------------------------------------------
 
 
 def _gpu(name: str, index: int = 0, memory_gib: int = 80) -> GpuInfo:
-    return GpuInfo(index=index, name=name, uuid=f"GPU-{index:08x}", pci_bus_id=f"00000000:{index:02x}:00.0",
-                   memory_total_bytes=memory_gib * GIB, memory_free_bytes=memory_gib * GIB,
-                   pcie_generation=4, pcie_width=16)
+    return GpuInfo(
+        index=index,
+        name=name,
+        uuid=f"GPU-{index:08x}",
+        pci_bus_id=f"00000000:{index:02x}:00.0",
+        memory_total_bytes=memory_gib * GIB,
+        memory_free_bytes=memory_gib * GIB,
+        pcie_generation=4,
+        pcie_width=16,
+    )
 
 
 def _hardware(**overrides: object) -> Hardware:
@@ -177,8 +184,11 @@ def test_key_drops_trademarks_cpu_word_and_clock() -> None:
 
 
 def test_key_counts_gpus_by_name_in_sorted_order() -> None:
-    gpus = (_gpu("NVIDIA H100 80GB HBM3", 0), _gpu("NVIDIA A100-SXM4-40GB", 1, 40),
-            _gpu("NVIDIA H100 80GB HBM3", 2))
+    gpus = (
+        _gpu("NVIDIA H100 80GB HBM3", 0),
+        _gpu("NVIDIA A100-SXM4-40GB", 1, 40),
+        _gpu("NVIDIA H100 80GB HBM3", 2),
+    )
     hw = _hardware(gpus=gpus)
     assert hw.key == "amd-epyc-7b13-64-core-x2cpu+nvidia-a100-sxm4-40gb-x1+nvidia-h100-80gb-hbm3-x2"
     assert _hardware(gpus=tuple(reversed(gpus))).key == hw.key
@@ -187,9 +197,14 @@ def test_key_counts_gpus_by_name_in_sorted_order() -> None:
 def test_key_ignores_what_changes_between_runs() -> None:
     """Free memory, the driver and versions vary; the key does not."""
     a = _hardware(gpus=(_gpu("NVIDIA H100 80GB HBM3"),))
-    b = dataclasses.replace(a, memory_available_bytes=1, shm_free_bytes=0, driver_version="999",
-                            versions={"torch": "x"},
-                            gpus=(dataclasses.replace(a.gpus[0], memory_free_bytes=0),))
+    b = dataclasses.replace(
+        a,
+        memory_available_bytes=1,
+        shm_free_bytes=0,
+        driver_version="999",
+        versions={"torch": "x"},
+        gpus=(dataclasses.replace(a.gpus[0], memory_free_bytes=0),),
+    )
     assert a.key == b.key
 
 

@@ -3,30 +3,46 @@
 from __future__ import annotations
 
 import time
+from typing import ClassVar
 
 import pytest
 import torch
+from workloads import FaultDataset, SleepDataset, TensorDataset, sleep_step
 
 from loadertune.inline import InlineRunner
 from loadertune.space import Config
 from loadertune.trial import Limits, window_for
-from workloads import FaultDataset, SleepDataset, TensorDataset, sleep_step
 
 pytestmark = pytest.mark.slow
 
 
-def run(runner: InlineRunner, config: Config, *, window_s: float = 0.4, phase: str = "search",
-        limits: Limits | None = None):
-    return runner.run(config, window=window_for(config, window_s=window_s),
-                      limits=limits or Limits(hang_s=5, startup_s=20, timeout_s=60), phase=phase)
+def run(
+    runner: InlineRunner,
+    config: Config,
+    *,
+    window_s: float = 0.4,
+    phase: str = "search",
+    limits: Limits | None = None,
+):
+    return runner.run(
+        config,
+        window=window_for(config, window_s=window_s),
+        limits=limits or Limits(hang_s=5, startup_s=20, timeout_s=60),
+        phase=phase,
+    )
 
 
 def test_measures_a_multi_worker_loader() -> None:
     runner = InlineRunner(SleepDataset(n=20000, sleep_s=0.0005))
     result = run(runner, Config(32, 2, 2))
     assert result.ok and result.error is None
-    assert result.params == {"batch_size": 32, "num_workers": 2, "prefetch_factor": 2,
-                             "pin_memory": False, "persistent_workers": False}
+    assert result.params == {
+        "batch_size": 32,
+        "num_workers": 2,
+        "prefetch_factor": 2,
+        "pin_memory": False,
+        "persistent_workers": False,
+    }
     m = result.measurement
     assert m is not None and m.complete and m.n_samples == 32 * m.n_batches
     assert result.resources is not None
@@ -66,8 +82,9 @@ def test_replay_measures_the_step_alone() -> None:
     assert runner.bytes_per_sample == 16 * 4  # 16 float32 values per sample
 
 
-@pytest.mark.parametrize(("fault", "kind"), [("sigkill", "worker_killed"),
-                                             ("sigbus", "shm_exhausted")])
+@pytest.mark.parametrize(
+    ("fault", "kind"), [("sigkill", "worker_killed"), ("sigbus", "shm_exhausted")]
+)
 def test_a_killed_worker_is_recorded_and_not_fatal(fault: str, kind: str) -> None:
     runner = InlineRunner(FaultDataset(fault, min_workers=2, at=40))
     bad = run(runner, Config(8, 2, 2))
@@ -117,10 +134,13 @@ def test_step_bug_is_a_user_bug() -> None:
 
 def test_gpu_oom_in_the_step_is_tuning_data() -> None:
     """A fake OOM with the real message text, as accelerate's tests do."""
+
     def step(batch):
         if batch.shape[0] >= 64:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; "
-                                         "79.10 GiB total capacity; 77.00 GiB already allocated)")
+            raise torch.OutOfMemoryError(
+                "CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; "
+                "79.10 GiB total capacity; 77.00 GiB already allocated)"
+            )
 
     runner = InlineRunner(TensorDataset(), step=step)
     assert run(runner, Config(64)).error == "oom"
@@ -129,7 +149,7 @@ def test_gpu_oom_in_the_step_is_tuning_data() -> None:
 
 def test_memory_budget_stops_a_trial() -> None:
     class Hog(TensorDataset):
-        hoard: list[torch.Tensor] = []
+        hoard: ClassVar[list[torch.Tensor]] = []
 
         def __getitem__(self, i):  # each worker grows by ~4 MB per sample
             self.hoard.append(torch.ones(1 << 20))
@@ -139,7 +159,11 @@ def test_memory_budget_stops_a_trial() -> None:
     from loadertune.resources import tree_pss
 
     budget = tree_pss(__import__("os").getpid()) + 300 * 2**20
-    result = run(runner, Config(8, 2, 2), window_s=30,
-                 limits=Limits(hang_s=10, startup_s=20, timeout_s=60, memory_budget_bytes=budget))
+    result = run(
+        runner,
+        Config(8, 2, 2),
+        window_s=30,
+        limits=Limits(hang_s=10, startup_s=20, timeout_s=60, memory_budget_bytes=budget),
+    )
     assert result.error == "memory_budget"
     assert "over the budget" in result.failure.message  # type: ignore[union-attr]

@@ -67,8 +67,9 @@ def test_fixed_count_gives_the_short_last_batch() -> None:
 
 def test_phases_and_counts() -> None:
     rec = Recorder()
-    meter = Meter(WindowSpec(warmup_batches=3, window_s=0.2, n_sub_windows=2), sink=rec,
-                  count=fixed_count(8))
+    meter = Meter(
+        WindowSpec(warmup_batches=3, window_s=0.2, n_sub_windows=2), sink=rec, count=fixed_count(8)
+    )
     m = run_loop(meter, slow_batches(10_000, 0.002))
     assert rec.events[:2] == ["first_batch", "window_start"]
     assert rec.events[-1] == "window_end"
@@ -89,6 +90,7 @@ def test_blocked_fraction_separates_loading_from_the_step() -> None:
 
 def test_warmup_batches_are_not_measured() -> None:
     """The first batches are instant (a full prefetch buffer); the window must not see them."""
+
     def batches():
         for i in range(10_000):
             if i >= 5:

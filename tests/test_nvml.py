@@ -14,7 +14,7 @@ from loadertune.nvml import GpuInfo, _visible_filter
 UUIDS = ["GPU-8f2b0c1d-aaaa-bbbb-cccc-000000000000", "GPU-1e3d9a77-dddd-eeee-ffff-111111111111"]
 
 
-# -- _visible_filter ---------------------------------------------------------------------------------
+# -- _visible_filter ------------------------------------------------------------------------------
 
 
 def test_visible_filter_unset_lists_every_device(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -47,7 +47,7 @@ def test_visible_filter(monkeypatch: pytest.MonkeyPatch, spec: str, expected: li
     assert _visible_filter(2, UUIDS) == expected
 
 
-# -- without NVML ------------------------------------------------------------------------------------
+# -- without NVML ---------------------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -99,7 +99,7 @@ def test_initialisation_failure_is_remembered(monkeypatch: pytest.MonkeyPatch) -
     assert len(calls) == 1  # initialised once per process, not at every call
 
 
-# -- with a fake NVML --------------------------------------------------------------------------------
+# -- with a fake NVML -----------------------------------------------------------------------------
 
 
 class _Mem:
@@ -130,8 +130,12 @@ def _fake_pynvml(*, fail_pcie: bool = False) -> Any:
         nvmlDeviceGetIndex=lambda h: h,
         NVML_GPU_UTILIZATION_SAMPLES=1,
         nvmlDeviceGetSamples=lambda h, kind, since: (
-            0, [SimpleNamespace(timeStamp=since + 10, sampleValue=SimpleNamespace(uiVal=99)),
-                SimpleNamespace(timeStamp=since + 20, sampleValue=3)]),
+            0,
+            [
+                SimpleNamespace(timeStamp=since + 10, sampleValue=SimpleNamespace(uiVal=99)),
+                SimpleNamespace(timeStamp=since + 20, sampleValue=3),
+            ],
+        ),
     )
 
 
@@ -149,9 +153,16 @@ def test_visible_gpus_in_cuda_order(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
     gpus = nvml.visible_gpus()
     assert [g.index for g in gpus] == [1, 0]
-    assert gpus[0] == GpuInfo(index=1, name="NVIDIA A100-SXM4-40GB", uuid=UUIDS[1],
-                              pci_bus_id="00000000:02:00.0", memory_total_bytes=2 * 2**30,
-                              memory_free_bytes=2**29, pcie_generation=5, pcie_width=16)
+    assert gpus[0] == GpuInfo(
+        index=1,
+        name="NVIDIA A100-SXM4-40GB",
+        uuid=UUIDS[1],
+        pci_bus_id="00000000:02:00.0",
+        memory_total_bytes=2 * 2**30,
+        memory_free_bytes=2**29,
+        pcie_generation=5,
+        pcie_width=16,
+    )
     assert gpus[1].name == "NVIDIA H100 80GB HBM3"  # bytes decoded
     assert nvml.unavailable_reason() is None
 
@@ -173,8 +184,9 @@ def test_unsupported_pcie_query_gives_none(monkeypatch: pytest.MonkeyPatch) -> N
     assert all(g.pcie_generation is None and g.pcie_width == 16 for g in gpus)
 
 
-def test_failing_query_gives_empty_list_and_reason(monkeypatch: pytest.MonkeyPatch,
-                                                   fake_nvml: Any) -> None:
+def test_failing_query_gives_empty_list_and_reason(
+    monkeypatch: pytest.MonkeyPatch, fake_nvml: Any
+) -> None:
     def boom() -> int:
         raise RuntimeError("GPU is lost")
 

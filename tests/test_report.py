@@ -16,18 +16,37 @@ from loadertune.trial import TrialResult
 
 
 def _measurement(rate: float, blocked: float = 0.25, sub: list[float] | None = None) -> Measurement:
-    return Measurement(samples_per_s=rate, sub_window_samples_per_s=sub or [rate] * 4,
-                       blocked_fraction=blocked, first_batch_s=0.01, warmup_s=0.1, window_s=1.0,
-                       n_samples=int(rate), n_batches=10, complete=True)
+    return Measurement(
+        samples_per_s=rate,
+        sub_window_samples_per_s=sub or [rate] * 4,
+        blocked_fraction=blocked,
+        first_batch_s=0.01,
+        warmup_s=0.1,
+        window_s=1.0,
+        n_samples=int(rate),
+        n_batches=10,
+        complete=True,
+    )
 
 
-OK = TrialResult(config=Config(64, 4, 2, True, False), phase="search",
-                 measurement=_measurement(12345.6, 0.25, [900.0, 1000.0, 1100.0, 1000.0]))
-FAILED = TrialResult(config=Config(128, 8, 4), phase="search",
-                     failure=Failure("shm_exhausted", "a DataLoader worker ran out of shared memory",
-                                     "raise --shm-size"))
-PRUNED = TrialResult(config=Config(32, 1, 1, False, True), phase="search",
-                     measurement=_measurement(500.0, 0.9), pruned=True)
+OK = TrialResult(
+    config=Config(64, 4, 2, True, False),
+    phase="search",
+    measurement=_measurement(12345.6, 0.25, [900.0, 1000.0, 1100.0, 1000.0]),
+)
+FAILED = TrialResult(
+    config=Config(128, 8, 4),
+    phase="search",
+    failure=Failure(
+        "shm_exhausted", "a DataLoader worker ran out of shared memory", "raise --shm-size"
+    ),
+)
+PRUNED = TrialResult(
+    config=Config(32, 1, 1, False, True),
+    phase="search",
+    measurement=_measurement(500.0, 0.9),
+    pruned=True,
+)
 SKIPPED = TrialResult(config=Config(256, 16), phase="search", skipped="over the memory budget")
 
 
@@ -107,11 +126,22 @@ def test_live_view_prints_plain_lines_off_terminal() -> None:
 
 
 def _recommendation(**overrides: object) -> Recommendation:
-    hw = Hardware(cpu_model="AMD EPYC", usable_cpus=2, logical_cpus=2, physical_cores=1,
-                  cpu_quota=None, memory_total_bytes=16 * 2**30, memory_available_bytes=8 * 2**30,
-                  memory_limit_bytes=None, shm_total_bytes=None, shm_free_bytes=None,
-                  open_files_limit=1024, gpus=(), gpu_note="NVML unavailable: test",
-                  driver_version=None)
+    hw = Hardware(
+        cpu_model="AMD EPYC",
+        usable_cpus=2,
+        logical_cpus=2,
+        physical_cores=1,
+        cpu_quota=None,
+        memory_total_bytes=16 * 2**30,
+        memory_available_bytes=8 * 2**30,
+        memory_limit_bytes=None,
+        shm_total_bytes=None,
+        shm_free_bytes=None,
+        open_files_limit=1024,
+        gpus=(),
+        gpu_note="NVML unavailable: test",
+        driver_version=None,
+    )
     fields: dict[str, object] = {
         "loader_kwargs": Config(128, 4).loader_kwargs(),
         "samples_per_s": 4000.0,
@@ -119,17 +149,36 @@ def _recommendation(**overrides: object) -> Recommendation:
         "baseline_samples_per_s": 1000.0,
         "speedup": 3.5,
         "within_noise": False,
-        "best_at_batch_size": {"loader_kwargs": Config(64, 4).loader_kwargs(), "samples_per_s": 3000.0},
+        "best_at_batch_size": {
+            "loader_kwargs": Config(64, 4).loader_kwargs(),
+            "samples_per_s": 3000.0,
+        },
         "trials": [OK, FAILED],
-        "diagnosis": {"bottleneck": "compute", "ceiling_samples_per_s": 5000.0,
-                      "percent_of_ceiling": 80.0, "ceilings": {"limiting_stage": "consumer"},
-                      "winner": {"bottleneck": "compute"}, "baseline": {"bottleneck": "input"}},
+        "diagnosis": {
+            "bottleneck": "compute",
+            "ceiling_samples_per_s": 5000.0,
+            "percent_of_ceiling": 80.0,
+            "ceilings": {"limiting_stage": "consumer"},
+            "winner": {"bottleneck": "compute"},
+            "baseline": {"bottleneck": "input"},
+        },
         "hardware": hw,
-        "search": {"n_trials": 2, "elapsed_s": 42.0, "stop_reason": "budget", "study_name": "s",
-                   "storage": "sqlite:///x.db"},
-        "winner": {"samples_per_s": 4000.0, "epoch_samples_per_s": 3900.0, "blocked_fraction": 0.02,
-                   "spread": 0.05, "cpu_percent_main": 95.0, "cpu_percent_workers": 180.0,
-                   "pss_bytes": 3 * 2**30},
+        "search": {
+            "n_trials": 2,
+            "elapsed_s": 42.0,
+            "stop_reason": "budget",
+            "study_name": "s",
+            "storage": "sqlite:///x.db",
+        },
+        "winner": {
+            "samples_per_s": 4000.0,
+            "epoch_samples_per_s": 3900.0,
+            "blocked_fraction": 0.02,
+            "spread": 0.05,
+            "cpu_percent_main": 95.0,
+            "cpu_percent_workers": 180.0,
+            "pss_bytes": 3 * 2**30,
+        },
         "baseline": {"samples_per_s": 1000.0, "blocked_fraction": 0.6},
     }
     fields.update(overrides)
@@ -139,15 +188,20 @@ def _recommendation(**overrides: object) -> Recommendation:
 def test_summary_lines() -> None:
     lines = summary_lines(_recommendation())
     assert lines[0] == "speed-up 3.50x per epoch (clearly faster than your settings)"
-    assert any("estimated ceiling 5,000 samples/s (limited by the consumer)" in line
-               and "80%" in line for line in lines)
+    assert any(
+        "estimated ceiling 5,000 samples/s (limited by the consumer)" in line and "80%" in line
+        for line in lines
+    )
     assert any(line.startswith("best at your batch size: bs=64 w=4 pf=2") for line in lines)
     assert any("2 trials in 42 s, stopped: budget" in line for line in lines)
 
 
 def test_summary_lines_within_noise_and_same_batch_size() -> None:
-    rec = _recommendation(within_noise=True, speedup=1.01,
-                          best_at_batch_size={"loader_kwargs": Config(128, 4).loader_kwargs()})
+    rec = _recommendation(
+        within_noise=True,
+        speedup=1.01,
+        best_at_batch_size={"loader_kwargs": Config(128, 4).loader_kwargs()},
+    )
     lines = summary_lines(rec)
     assert "within the noise of your settings" in lines[0]
     assert not any(line.startswith("best at your batch size") for line in lines)
@@ -167,6 +221,11 @@ def test_summary_table_sets_baseline_beside_winner() -> None:
 
 def test_summary_table_without_batch_size_in_kwargs() -> None:
     """A script's own batch size is hidden from the kwargs; the table shows them as they are."""
-    kwargs = {"num_workers": 4, "prefetch_factor": 2, "pin_memory": False, "persistent_workers": False}
+    kwargs = {
+        "num_workers": 4,
+        "prefetch_factor": 2,
+        "pin_memory": False,
+        "persistent_workers": False,
+    }
     text = _render(summary_table(_recommendation(loader_kwargs=kwargs)))
     assert "'num_workers': 4" in text

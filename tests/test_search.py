@@ -29,9 +29,15 @@ class FakeRunner:
     uses_cuda = False
     user_error = UserCodeError
 
-    def __init__(self, rate: Callable[[Config], float], *, fail: Callable[[Config], Failure | None] = lambda c: None,
-                 epoch_samples: int | None = 100_000, cost_s: float = 0.01,
-                 interrupt_after: int | None = None) -> None:
+    def __init__(
+        self,
+        rate: Callable[[Config], float],
+        *,
+        fail: Callable[[Config], Failure | None] = lambda c: None,
+        epoch_samples: int | None = 100_000,
+        cost_s: float = 0.01,
+        interrupt_after: int | None = None,
+    ) -> None:
         self.rate, self.fail = rate, fail
         self.epoch_samples = epoch_samples
         self.bytes_per_sample = 64.0
@@ -40,14 +46,23 @@ class FakeRunner:
         self.log: list[tuple[str, Config]] = []
         self.pruned = 0
 
-    def run(self, config: Config | None, *, window: WindowSpec, limits: Limits, phase: str = "search",
-            should_stop: ShouldStop | None = None) -> TrialResult:
+    def run(
+        self,
+        config: Config | None,
+        *,
+        window: WindowSpec,
+        limits: Limits,
+        phase: str = "search",
+        should_stop: ShouldStop | None = None,
+    ) -> TrialResult:
         assert config is not None
         if self.interrupt_after is not None and len(self.log) >= self.interrupt_after:
             raise KeyboardInterrupt
         self.log.append((phase, config))
         time.sleep(self.cost_s)
-        result = TrialResult(config, phase=phase, wall_s=self.cost_s, epoch_samples=self.epoch_samples)
+        result = TrialResult(
+            config, phase=phase, wall_s=self.cost_s, epoch_samples=self.epoch_samples
+        )
         failure = self.fail(config)
         if failure is not None:
             result.failure = failure
@@ -66,10 +81,18 @@ class FakeRunner:
                     subs = subs[: i + 1]
                     break
         result.measurement = Measurement(
-            samples_per_s=rate, sub_window_samples_per_s=subs, blocked_fraction=blocked,
-            first_batch_s=0.05, warmup_s=0.1, window_s=1.0, n_samples=int(rate), n_batches=max(1, int(rate) // 32),
-            complete=not result.pruned, stopped_early=result.pruned,
-            blocked_cpu_fraction=0.05 if config.num_workers == 0 else None)
+            samples_per_s=rate,
+            sub_window_samples_per_s=subs,
+            blocked_fraction=blocked,
+            first_batch_s=0.05,
+            warmup_s=0.1,
+            window_s=1.0,
+            n_samples=int(rate),
+            n_batches=max(1, int(rate) // 32),
+            complete=not result.pruned,
+            stopped_early=result.pruned,
+            blocked_cpu_fraction=0.05 if config.num_workers == 0 else None,
+        )
         result.resources = ResourceUsage(cpu_percent_main=50.0, worker_pss_bytes=50 * 2**20)
         return result
 
@@ -81,7 +104,9 @@ def io_landscape(config: Config) -> float:
     """Latency-bound loading: 500 samples/s per worker, up to a consumer limit of 6000."""
     if config.num_workers == 0:
         return 400.0
-    return min(500.0 * config.num_workers, 6000.0) * (1.0 if config.prefetch_factor and config.prefetch_factor >= 2 else 0.9)
+    return min(500.0 * config.num_workers, 6000.0) * (
+        1.0 if config.prefetch_factor and config.prefetch_factor >= 2 else 0.9
+    )
 
 
 @pytest.fixture(scope="module")
@@ -90,15 +115,20 @@ def hw() -> Hardware:
 
 
 def settings(tmp_path, **kw) -> SearchSettings:
-    base = {"budget_s": 20.0, "storage": f"sqlite:///{tmp_path / 'studies.db'}", "study_name": "t",
-            "seed": 1}
+    base = {
+        "budget_s": 20.0,
+        "storage": f"sqlite:///{tmp_path / 'studies.db'}",
+        "study_name": "t",
+        "seed": 1,
+    }
     return SearchSettings(**{**base, **kw})
 
 
 def test_search_finds_the_optimum_region(tmp_path, hw) -> None:
     runner = FakeRunner(io_landscape)
-    outcome = Search(runner, hardware=hw, baseline=Config(32), batch_sizes=[32],
-                     settings=settings(tmp_path)).run()
+    outcome = Search(
+        runner, hardware=hw, baseline=Config(32), batch_sizes=[32], settings=settings(tmp_path)
+    ).run()
     assert outcome.winner.num_workers >= 12  # the landscape tops out at 12 workers
     assert outcome.values[outcome.winner] >= 0.95 * 6000
     assert outcome.confirmation is not None and not outcome.confirmation.within_noise
@@ -109,8 +139,13 @@ def test_search_finds_the_optimum_region(tmp_path, hw) -> None:
 
 def test_no_setting_is_measured_twice_while_exploring(tmp_path, hw) -> None:
     runner = FakeRunner(io_landscape)
-    Search(runner, hardware=hw, baseline=Config(32), batch_sizes=[32],
-           settings=settings(tmp_path, patience=30, n_trials=40, budget_s=30)).run()
+    Search(
+        runner,
+        hardware=hw,
+        baseline=Config(32),
+        batch_sizes=[32],
+        settings=settings(tmp_path, patience=30, n_trials=40, budget_s=30),
+    ).run()
     explored = [c for p, c in runner.log if p in ("search", "probe", "baseline")]
     assert len(explored) == len(set(explored))
 
@@ -122,8 +157,13 @@ def test_settings_as_demanding_as_a_failed_one_are_not_tried(tmp_path, hw) -> No
         return None
 
     runner = FakeRunner(io_landscape, fail=fail)
-    outcome = Search(runner, hardware=hw, baseline=Config(32), batch_sizes=[32],
-                     settings=settings(tmp_path, patience=20, budget_s=15)).run()
+    outcome = Search(
+        runner,
+        hardware=hw,
+        baseline=Config(32),
+        batch_sizes=[32],
+        settings=settings(tmp_path, patience=20, budget_s=15),
+    ).run()
     failures = [c for p, c in runner.log if fail(c) is not None]
     for i, bad in enumerate(failures):  # each later failure is not dominated by an earlier one
         assert not any(dominated(bad, earlier, "worker_killed") for earlier in failures[:i])
@@ -132,15 +172,25 @@ def test_settings_as_demanding_as_a_failed_one_are_not_tried(tmp_path, hw) -> No
 
 def test_clearly_worse_trials_are_pruned(tmp_path, hw) -> None:
     runner = FakeRunner(io_landscape)
-    Search(runner, hardware=hw, baseline=Config(32), batch_sizes=[32],
-           settings=settings(tmp_path, patience=25, budget_s=15)).run()
+    Search(
+        runner,
+        hardware=hw,
+        baseline=Config(32),
+        batch_sizes=[32],
+        settings=settings(tmp_path, patience=25, budget_s=15),
+    ).run()
     assert runner.pruned > 0
 
 
 def test_n_trials_caps_the_settings_measured(tmp_path, hw) -> None:
     runner = FakeRunner(io_landscape)
-    outcome = Search(runner, hardware=hw, baseline=Config(32), batch_sizes=[32],
-                     settings=settings(tmp_path, n_trials=6, patience=50)).run()
+    outcome = Search(
+        runner,
+        hardware=hw,
+        baseline=Config(32),
+        batch_sizes=[32],
+        settings=settings(tmp_path, n_trials=6, patience=50),
+    ).run()
     assert outcome.stop_reason == "n_trials"
     assert len([p for p, _ in runner.log if p in ("baseline", "probe", "search")]) == 6
 
@@ -156,8 +206,13 @@ def test_a_compute_bound_baseline_stops_early(tmp_path, hw) -> None:
         return result
 
     runner.run = run  # type: ignore[method-assign]
-    outcome = Search(runner, hardware=hw, baseline=Config(32, 2, 2), batch_sizes=[32],
-                     settings=settings(tmp_path)).run()
+    outcome = Search(
+        runner,
+        hardware=hw,
+        baseline=Config(32, 2, 2),
+        batch_sizes=[32],
+        settings=settings(tmp_path),
+    ).run()
     assert outcome.stop_reason == "compute_bound"
     assert not [c for p, c in runner.log if p == "search"]
     assert outcome.winner == Config(32, 2, 2)
@@ -165,19 +220,31 @@ def test_a_compute_bound_baseline_stops_early(tmp_path, hw) -> None:
 
 def test_a_user_bug_stops_the_search(tmp_path, hw) -> None:
     def fail(config: Config) -> Failure | None:
-        return Failure("dataset_error", "the dataset raised", "fix it", user_bug=True, detail="Traceback...")
+        return Failure(
+            "dataset_error", "the dataset raised", "fix it", user_bug=True, detail="Traceback..."
+        )
 
     with pytest.raises(UserCodeError, match="the dataset raised") as info:
-        Search(FakeRunner(io_landscape, fail=fail), hardware=hw, baseline=Config(32), batch_sizes=[32],
-               settings=settings(tmp_path)).run()
+        Search(
+            FakeRunner(io_landscape, fail=fail),
+            hardware=hw,
+            baseline=Config(32),
+            batch_sizes=[32],
+            settings=settings(tmp_path),
+        ).run()
     assert info.value.kind == "dataset_error" and "Traceback" in str(info.value)
 
 
 def test_interrupted_search_keeps_its_trials_and_resumes(tmp_path, hw) -> None:
     s = settings(tmp_path, study_name="resume-me", patience=30, budget_s=20)
     with pytest.raises(SearchInterrupted, match="run the same command again") as info:
-        Search(FakeRunner(io_landscape, interrupt_after=8), hardware=hw, baseline=Config(32),
-               batch_sizes=[32], settings=s).run()
+        Search(
+            FakeRunner(io_landscape, interrupt_after=8),
+            hardware=hw,
+            baseline=Config(32),
+            batch_sizes=[32],
+            settings=s,
+        ).run()
     assert info.value.n_complete >= 5
     study = optuna.load_study(study_name="resume-me", storage=s.storage)
     states = [t.state for t in study.trials]
@@ -191,10 +258,17 @@ def test_interrupted_search_keeps_its_trials_and_resumes(tmp_path, hw) -> None:
 
 def test_fresh_start_forgets_the_study(tmp_path, hw) -> None:
     s = settings(tmp_path, study_name="again", n_trials=6)
-    Search(FakeRunner(io_landscape), hardware=hw, baseline=Config(32), batch_sizes=[32], settings=s).run()
+    Search(
+        FakeRunner(io_landscape), hardware=hw, baseline=Config(32), batch_sizes=[32], settings=s
+    ).run()
     runner = FakeRunner(io_landscape)
-    outcome = Search(runner, hardware=hw, baseline=Config(32), batch_sizes=[32],
-                     settings=dataclasses.replace(s, resume=False)).run()
+    outcome = Search(
+        runner,
+        hardware=hw,
+        baseline=Config(32),
+        batch_sizes=[32],
+        settings=dataclasses.replace(s, resume=False),
+    ).run()
     assert outcome.n_previous_trials == 0 and runner.log[0][0] == "baseline"
 
 
@@ -202,8 +276,13 @@ def test_batch_size_candidates_are_searched(tmp_path, hw) -> None:
     def rate(config: Config) -> float:  # bigger batches amortise a per-batch cost
         return io_landscape(config) * (config.batch_size / 128) ** 0.3
 
-    outcome = Search(FakeRunner(rate), hardware=hw, baseline=Config(32), batch_sizes=[32, 64, 128],
-                     settings=settings(tmp_path, budget_s=20, patience=25)).run()
+    outcome = Search(
+        FakeRunner(rate),
+        hardware=hw,
+        baseline=Config(32),
+        batch_sizes=[32, 64, 128],
+        settings=settings(tmp_path, budget_s=20, patience=25),
+    ).run()
     assert outcome.winner.batch_size == 128
     best_at_32 = outcome.best_at_batch_size(32)
     assert best_at_32 is not None and best_at_32.batch_size == 32
@@ -211,8 +290,13 @@ def test_batch_size_candidates_are_searched(tmp_path, hw) -> None:
 
 def test_bad_storage_url_is_a_clear_error(tmp_path, hw) -> None:
     with pytest.raises(ConfigError, match="not a storage Optuna can open"):
-        Search(FakeRunner(io_landscape), hardware=hw, baseline=Config(32), batch_sizes=[32],
-               settings=settings(tmp_path, storage="nosuchdb://x/y")).run()
+        Search(
+            FakeRunner(io_landscape),
+            hardware=hw,
+            baseline=Config(32),
+            batch_sizes=[32],
+            settings=settings(tmp_path, storage="nosuchdb://x/y"),
+        ).run()
 
 
 @pytest.mark.parametrize("budget", [0, -5, float("nan"), float("inf")])
@@ -223,14 +307,22 @@ def test_budget_must_be_positive_and_finite(budget: float) -> None:
 
 def test_every_trial_failing_is_an_error(tmp_path, hw) -> None:
     def fail(config: Config) -> Failure | None:
-        return None if config.num_workers == 0 and config.batch_size == 32 else Failure(
-            "worker_killed", "killed", "fewer")
+        return (
+            None
+            if config.num_workers == 0 and config.batch_size == 32
+            else Failure("worker_killed", "killed", "fewer")
+        )
 
     def rate(config: Config) -> float:
         return 100.0
 
     # w=0 works (so the probe can run) but the baseline (w=2) fails: the winner is w=0.
-    outcome = Search(FakeRunner(rate, fail=fail), hardware=hw, baseline=Config(32, 2, 2),
-                     batch_sizes=[32], settings=settings(tmp_path, budget_s=5)).run()
+    outcome = Search(
+        FakeRunner(rate, fail=fail),
+        hardware=hw,
+        baseline=Config(32, 2, 2),
+        batch_sizes=[32],
+        settings=settings(tmp_path, budget_s=5),
+    ).run()
     assert outcome.winner == Config(32)
     assert outcome.confirmation is not None and outcome.confirmation.clearly_better

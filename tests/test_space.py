@@ -7,6 +7,7 @@ import random
 
 import pytest
 from torch.utils.data import DataLoader
+from workloads import TensorDataset
 
 from loadertune.errors import ConfigError
 from loadertune.space import (
@@ -20,12 +21,11 @@ from loadertune.space import (
     normalize_batch_sizes,
     worker_cap,
 )
-from workloads import TensorDataset
 
 MIB = 2**20
 
 
-# -- Config ----------------------------------------------------------------------------------------
+# -- Config ---------------------------------------------------------------------------------------
 
 
 def test_config_without_workers_has_no_prefetch_factor() -> None:
@@ -96,15 +96,24 @@ def test_config_is_frozen() -> None:
 def test_loader_kwargs_omits_prefetch_factor_without_workers() -> None:
     kwargs = Config(32).loader_kwargs()
     assert "prefetch_factor" not in kwargs
-    assert kwargs == {"batch_size": 32, "num_workers": 0, "pin_memory": False,
-                      "persistent_workers": False}
+    assert kwargs == {
+        "batch_size": 32,
+        "num_workers": 0,
+        "pin_memory": False,
+        "persistent_workers": False,
+    }
 
 
 def test_loader_kwargs_with_workers_has_every_tuned_key() -> None:
     kwargs = Config(32, 2, 4, True, True).loader_kwargs()
     assert set(kwargs) == set(TUNED_KEYS)
-    assert kwargs == {"batch_size": 32, "num_workers": 2, "prefetch_factor": 4,
-                      "pin_memory": True, "persistent_workers": True}
+    assert kwargs == {
+        "batch_size": 32,
+        "num_workers": 2,
+        "prefetch_factor": 4,
+        "pin_memory": True,
+        "persistent_workers": True,
+    }
 
 
 @pytest.mark.parametrize("config", [Config(16), Config(16, 2), Config(16, 2, 8, False, True)])
@@ -132,8 +141,9 @@ def test_label(config: Config, label: str) -> None:
 
 
 def test_from_kwargs_ignores_other_keys() -> None:
-    config = Config.from_kwargs({"batch_size": 32, "num_workers": 2, "shuffle": True,
-                                 "drop_last": True, "collate_fn": None})
+    config = Config.from_kwargs(
+        {"batch_size": 32, "num_workers": 2, "shuffle": True, "drop_last": True, "collate_fn": None}
+    )
     assert config == Config(32, 2, 2)
 
 
@@ -166,7 +176,7 @@ def test_from_kwargs_validates() -> None:
         Config.from_kwargs({"batch_size": 32, "num_workers": 0, "prefetch_factor": 4})
 
 
-# -- normalize_batch_sizes ---------------------------------------------------------------------------
+# -- normalize_batch_sizes ------------------------------------------------------------------------
 
 
 def test_normalize_none_gives_defaults() -> None:
@@ -206,7 +216,7 @@ def test_normalize_rejects_bool_in_list() -> None:
         normalize_batch_sizes([32, True])
 
 
-# -- SearchSpace.rejects -----------------------------------------------------------------------------
+# -- SearchSpace.rejects --------------------------------------------------------------------------
 
 
 def _space(**overrides: object) -> SearchSpace:
@@ -247,7 +257,8 @@ def test_rejects_persistent_workers_not_searched() -> None:
     reason = space.rejects(Config(32, 2, 2, False, True))
     assert reason == "persistent_workers=True is not searched"
     space = _space(persistent_workers=(True,))
-    assert space.rejects(Config(32, 2, 2, False, False)) == "persistent_workers=False is not searched"
+    reason = space.rejects(Config(32, 2, 2, False, False))
+    assert reason == "persistent_workers=False is not searched"
     # without workers persistent_workers is always False, and not a reason
     assert space.rejects(Config(32)) is None
 
@@ -289,7 +300,7 @@ def test_in_flight_budget_needs_sample_size() -> None:
     assert space.rejects(Config(64, 4, 4)) is None
 
 
-# -- SearchSpace.configs -----------------------------------------------------------------------------
+# -- SearchSpace.configs --------------------------------------------------------------------------
 
 
 def _all_configs(batch_sizes: tuple[int, ...], max_workers: int) -> set[Config]:
@@ -297,8 +308,9 @@ def _all_configs(batch_sizes: tuple[int, ...], max_workers: int) -> set[Config]:
     out = set()
     for bs, pin in itertools.product(batch_sizes, (False, True)):
         out.add(Config(bs, 0, None, pin))
-        for w, pf, pers in itertools.product(range(1, max_workers + 1), (1, 2, 3, 4, 8),
-                                             (False, True)):
+        for w, pf, pers in itertools.product(
+            range(1, max_workers + 1), (1, 2, 3, 4, 8), (False, True)
+        ):
             out.add(Config(bs, w, pf, pin, pers))
     return out
 
@@ -315,8 +327,13 @@ def test_configs_counts_a_small_space() -> None:
 
 
 def test_configs_counts_with_pin_memory_and_fixed_persistence() -> None:
-    space = SearchSpace(batch_sizes=(16,), max_workers=3, prefetch_factors=(2,),
-                        pin_memory=(False, True), persistent_workers=(False,))
+    space = SearchSpace(
+        batch_sizes=(16,),
+        max_workers=3,
+        prefetch_factors=(2,),
+        pin_memory=(False, True),
+        persistent_workers=(False,),
+    )
     configs = space.configs()
     assert len(configs) == 2 * (1 + 3)
     assert {c.pin_memory for c in configs} == {False, True}
@@ -331,10 +348,19 @@ def test_configs_without_workers() -> None:
     "space",
     [
         SearchSpace(batch_sizes=(32, 64), max_workers=3),
-        SearchSpace(batch_sizes=(32,), max_workers=4, prefetch_factors=(2, 4),
-                    persistent_workers=(True,), pin_memory=(False, True)),
-        SearchSpace(batch_sizes=(16, 64), max_workers=4, bytes_per_sample=float(MIB),
-                    max_in_flight_bytes=200.0 * MIB),
+        SearchSpace(
+            batch_sizes=(32,),
+            max_workers=4,
+            prefetch_factors=(2, 4),
+            persistent_workers=(True,),
+            pin_memory=(False, True),
+        ),
+        SearchSpace(
+            batch_sizes=(16, 64),
+            max_workers=4,
+            bytes_per_sample=float(MIB),
+            max_in_flight_bytes=200.0 * MIB,
+        ),
         SearchSpace(batch_sizes=(8,), max_workers=2, bytes_per_sample=1e9, max_in_flight_bytes=0.0),
     ],
 )
@@ -349,9 +375,14 @@ def test_configs_are_exactly_the_accepted_ones(space: SearchSpace) -> None:
 
 
 def test_configs_drop_settings_over_the_budget() -> None:
-    space = SearchSpace(batch_sizes=(64,), max_workers=4, prefetch_factors=(1, 2, 4),
-                        persistent_workers=(False,), bytes_per_sample=float(MIB),
-                        max_in_flight_bytes=256.0 * MIB)
+    space = SearchSpace(
+        batch_sizes=(64,),
+        max_workers=4,
+        prefetch_factors=(1, 2, 4),
+        persistent_workers=(False,),
+        bytes_per_sample=float(MIB),
+        max_in_flight_bytes=256.0 * MIB,
+    )
     configs = space.configs()
     # 64 MiB per batch: at most 4 batches in flight
     assert configs
@@ -360,7 +391,7 @@ def test_configs_drop_settings_over_the_budget() -> None:
     assert Config(64, 4, 2) not in configs
 
 
-# -- SearchSpace.nearest -----------------------------------------------------------------------------
+# -- SearchSpace.nearest --------------------------------------------------------------------------
 
 
 def test_nearest_batch_size_in_log_scale() -> None:
@@ -384,9 +415,14 @@ def test_nearest_of_a_config_inside_is_itself() -> None:
 
 
 def test_nearest_reduces_prefetch_then_workers_to_fit_the_budget() -> None:
-    space = SearchSpace(batch_sizes=(64,), max_workers=8, prefetch_factors=(1, 2, 4),
-                        persistent_workers=(False,), bytes_per_sample=float(MIB),
-                        max_in_flight_bytes=256.0 * MIB)  # 4 batches of 64 MiB
+    space = SearchSpace(
+        batch_sizes=(64,),
+        max_workers=8,
+        prefetch_factors=(1, 2, 4),
+        persistent_workers=(False,),
+        bytes_per_sample=float(MIB),
+        max_in_flight_bytes=256.0 * MIB,
+    )  # 4 batches of 64 MiB
     near = space.nearest(Config(64, 4, 4))
     assert space.rejects(near) is None
     assert near == Config(64, 4, 1)
@@ -396,8 +432,9 @@ def test_nearest_reduces_prefetch_then_workers_to_fit_the_budget() -> None:
 
 
 def test_nearest_falls_back_to_no_workers_when_nothing_fits() -> None:
-    space = SearchSpace(batch_sizes=(64,), max_workers=8, bytes_per_sample=1e12,
-                        max_in_flight_bytes=1.0)
+    space = SearchSpace(
+        batch_sizes=(64,), max_workers=8, bytes_per_sample=1e12, max_in_flight_bytes=1.0
+    )
     assert space.nearest(Config(64, 8, 8, False, True)) == Config(64)
 
 
@@ -409,11 +446,22 @@ def test_nearest_drops_pin_memory_without_cuda() -> None:
 _SPACES = [
     SearchSpace(batch_sizes=(32, 64, 128), max_workers=4),
     SearchSpace(batch_sizes=(16,), max_workers=0),
-    SearchSpace(batch_sizes=(64, 256), max_workers=6, prefetch_factors=(4, 8),
-                persistent_workers=(True,), pin_memory=(True,)),
-    SearchSpace(batch_sizes=(8, 512), max_workers=16, prefetch_factors=(1, 2, 4, 8),
-                persistent_workers=(False,), pin_memory=(False, True),
-                bytes_per_sample=4.0 * MIB, max_in_flight_bytes=1024.0 * MIB),
+    SearchSpace(
+        batch_sizes=(64, 256),
+        max_workers=6,
+        prefetch_factors=(4, 8),
+        persistent_workers=(True,),
+        pin_memory=(True,),
+    ),
+    SearchSpace(
+        batch_sizes=(8, 512),
+        max_workers=16,
+        prefetch_factors=(1, 2, 4, 8),
+        persistent_workers=(False,),
+        pin_memory=(False, True),
+        bytes_per_sample=4.0 * MIB,
+        max_in_flight_bytes=1024.0 * MIB,
+    ),
     SearchSpace(batch_sizes=(32,), max_workers=3, bytes_per_sample=1e12, max_in_flight_bytes=0.0),
 ]
 
@@ -435,7 +483,7 @@ def test_nearest_is_always_inside_the_space(space: SearchSpace) -> None:
         assert near.num_workers <= config.num_workers
 
 
-# -- worker_cap / check_max_workers ------------------------------------------------------------------
+# -- worker_cap / check_max_workers ---------------------------------------------------------------
 
 
 def test_worker_cap_cpu_bound_is_cpus_plus_one() -> None:
@@ -459,16 +507,26 @@ def test_worker_cap_has_a_hard_ceiling() -> None:
 def test_worker_cap_ram() -> None:
     """10 GiB budget, 2 GiB main process, 1 GiB per worker: 8 workers."""
     gib = 2**30
-    cap, limits = worker_cap(usable_cpus=16, io_bound=False, ram_budget_bytes=10 * gib,
-                             main_pss_bytes=2 * gib, worker_pss_bytes=gib)
+    cap, limits = worker_cap(
+        usable_cpus=16,
+        io_bound=False,
+        ram_budget_bytes=10 * gib,
+        main_pss_bytes=2 * gib,
+        worker_pss_bytes=gib,
+    )
     assert limits == {"cpu": 17, "ram": 8}
     assert cap == 8
 
 
 def test_worker_cap_ram_allows_at_least_one_worker() -> None:
     gib = 2**30
-    cap, limits = worker_cap(usable_cpus=4, io_bound=False, ram_budget_bytes=gib,
-                             main_pss_bytes=2 * gib, worker_pss_bytes=gib)
+    cap, limits = worker_cap(
+        usable_cpus=4,
+        io_bound=False,
+        ram_budget_bytes=gib,
+        main_pss_bytes=2 * gib,
+        worker_pss_bytes=gib,
+    )
     assert limits["ram"] == 1
     assert cap == 1
 

@@ -67,8 +67,16 @@ def test_save_replaces_the_entry_of_the_same_key(tmp_path: Path) -> None:
 
 def test_save_keeps_unknown_top_level_fields(tmp_path: Path) -> None:
     path = tmp_path / "rec.json"
-    path.write_text(json.dumps({"schema": store.SCHEMA, "schema_version": 1, "comment": "mine",
-                                "machines": {"old": _entry(8)}}))
+    path.write_text(
+        json.dumps(
+            {
+                "schema": store.SCHEMA,
+                "schema_version": 1,
+                "comment": "mine",
+                "machines": {"old": _entry(8)},
+            }
+        )
+    )
     store.save_entry(path, "new", _entry(16))
     doc = store.read(path)
     assert doc["comment"] == "mine"
@@ -89,23 +97,28 @@ def test_save_writes_non_json_values_as_text(tmp_path: Path) -> None:
     assert store.read(path)["machines"]["k"]["where"] == str(tmp_path)
 
 
-# -- unreadable files --------------------------------------------------------------------------------
+# -- unreadable files -----------------------------------------------------------------------------
 
+_HEAD = '{"schema": "loadertune.recommendations", '
 _BAD_FILES = {
-    "corrupt_json": ('{"schema": "loadertune.recommendations", "machines": {', r"is not valid JSON"),
+    "corrupt_json": (_HEAD + '"machines": {', r"is not valid JSON"),
     "empty_file": ("", r"is not valid JSON"),
     "wrong_schema": ('{"foo": 1, "machines": {}}', r"is not a loadertune recommendation file"),
     "json_list": ("[1, 2, 3]", r"is not a loadertune recommendation file"),
-    "newer_version": ('{"schema": "loadertune.recommendations", "schema_version": 2, "machines": {}}',
-                      r"has schema_version 2; this loadertune reads version 1"),
-    "version_zero": ('{"schema": "loadertune.recommendations", "schema_version": 0, "machines": {}}',
-                     r"has schema_version 0"),
-    "version_text": ('{"schema": "loadertune.recommendations", "schema_version": "1", "machines": {}}',
-                     r"has schema_version '1'"),
-    "no_version": ('{"schema": "loadertune.recommendations", "machines": {}}',
-                   r"has schema_version None"),
-    "machines_not_object": ('{"schema": "loadertune.recommendations", "schema_version": 1, '
-                            '"machines": []}', r"has no \"machines\" object"),
+    "newer_version": (
+        _HEAD + '"schema_version": 2, "machines": {}}',
+        r"has schema_version 2; this loadertune reads version 1",
+    ),
+    "version_zero": (_HEAD + '"schema_version": 0, "machines": {}}', r"has schema_version 0"),
+    "version_text": (_HEAD + '"schema_version": "1", "machines": {}}', r"has schema_version '1'"),
+    "no_version": (
+        '{"schema": "loadertune.recommendations", "machines": {}}',
+        r"has schema_version None",
+    ),
+    "machines_not_object": (
+        '{"schema": "loadertune.recommendations", "schema_version": 1, "machines": []}',
+        r"has no \"machines\" object",
+    ),
 }
 
 
@@ -156,7 +169,7 @@ def test_force_does_not_touch_a_good_file(tmp_path: Path) -> None:
     assert _backups(path) == []
 
 
-# -- entry_for ---------------------------------------------------------------------------------------
+# -- entry_for ------------------------------------------------------------------------------------
 
 
 def test_entry_for_returns_the_entry(tmp_path: Path) -> None:
@@ -170,9 +183,11 @@ def test_entry_for_unknown_key_lists_keys_present(tmp_path: Path) -> None:
     path = tmp_path / "rec.json"
     store.save_entry(path, "zeta-x2cpu+nogpu", _entry())
     store.save_entry(path, "alpha-x8cpu+nvidia-h100-x1", _entry())
-    with pytest.raises(NoRecommendationError,
-                       match=r"no entry for this machine \(mine\); it has: "
-                             r"alpha-x8cpu\+nvidia-h100-x1, zeta-x2cpu\+nogpu"):
+    with pytest.raises(
+        NoRecommendationError,
+        match=r"no entry for this machine \(mine\); it has: "
+        r"alpha-x8cpu\+nvidia-h100-x1, zeta-x2cpu\+nogpu",
+    ):
         store.entry_for(path, "mine")
 
 
@@ -202,7 +217,7 @@ def test_entry_for_entry_without_loader_kwargs(tmp_path: Path) -> None:
         store.entry_for(path, "k")
 
 
-# -- two processes at once ---------------------------------------------------------------------------
+# -- two processes at once ------------------------------------------------------------------------
 
 _N_SAVES = 100
 
@@ -222,7 +237,8 @@ _CHILD = textwrap.dedent(
             sys.exit("never told to go")
         time.sleep(0.001)
     for i in range(n):
-        store.save_entry(path, key, {"loader_kwargs": {"batch_size": i + 1}, "i": i, "pid": os.getpid()})
+        entry = {"loader_kwargs": {"batch_size": i + 1}, "i": i, "pid": os.getpid()}
+        store.save_entry(path, key, entry)
     """
 )
 
@@ -233,8 +249,11 @@ def test_concurrent_saves_from_two_processes_both_land(tmp_path: Path) -> None:
     go = tmp_path / "go"
     pkg_dir = str(Path(store.__file__).parent)
     procs = [
-        subprocess.Popen([sys.executable, "-c", _CHILD, pkg_dir, str(path), key, str(go),
-                          str(_N_SAVES)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        subprocess.Popen(
+            [sys.executable, "-c", _CHILD, pkg_dir, str(path), key, str(go), str(_N_SAVES)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         for key in ("machine-a", "machine-b")
     ]
     try:
@@ -255,7 +274,7 @@ def test_concurrent_saves_from_two_processes_both_land(tmp_path: Path) -> None:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    for p, (_, err) in zip(procs, outputs):
+    for p, (_, err) in zip(procs, outputs, strict=True):
         assert p.returncode == 0, err.decode()
     doc = store.read(path)
     assert set(doc["machines"]) == {"machine-a", "machine-b"}

@@ -56,7 +56,11 @@ class FaultDataset(Dataset):
         return self.n
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        if i >= self.at and _workers() >= self.min_workers and (self.min_workers == 0 or _workers() > 0):
+        if (
+            i >= self.at
+            and _workers() >= self.min_workers
+            and (self.min_workers == 0 or _workers() > 0)
+        ):
             if self.fault == "raise":
                 raise ValueError(f"corrupt sample {i}")
             if self.fault == "sigkill":
@@ -89,6 +93,8 @@ class ShardedStream(UnshardedStream):
 
 def sleep_step(seconds: float):  # type: ignore[no-untyped-def]
     """A step that takes ``seconds`` per batch (a stand-in for a GPU step)."""
+
     def step(batch: object) -> None:
         time.sleep(seconds)
+
     return step

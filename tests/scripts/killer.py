@@ -4,9 +4,8 @@ import os
 import signal
 
 import torch
-from torch.utils.data import DataLoader, get_worker_info
-
 from _data import Latency
+from torch.utils.data import DataLoader, get_worker_info
 
 
 class Fragile(Latency):

@@ -1,5 +1,4 @@
 import torch.utils.data as tud
-
 from _data import Latency
 
 loader = tud.DataLoader(Latency(), batch_size=16)

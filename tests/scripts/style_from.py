@@ -1,8 +1,7 @@
 import sys
 
-from torch.utils.data import DataLoader
-
 from _data import Latency
+from torch.utils.data import DataLoader
 
 assert __name__ == "__main__"
 if __name__ == "__main__":

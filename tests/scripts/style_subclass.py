@@ -1,6 +1,5 @@
-from torch.utils.data import DataLoader
-
 from _data import Latency
+from torch.utils.data import DataLoader
 
 
 class MyLoader(DataLoader):

@@ -1,0 +1,109 @@
+"""tune_loader and load_recommendation, end to end on real loaders."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+from workloads import FaultDataset, SleepDataset, TensorDataset
+
+from loadertune import (
+    ConfigError,
+    NoRecommendationError,
+    Recommendation,
+    UserCodeError,
+    load_recommendation,
+    tune_loader,
+)
+from loadertune.hardware import current_key
+
+
+def tune(dataset, **kw) -> Recommendation:
+    kw = {"budget_s": 12, "window_s": 0.3, "verbose": False, "seed": 0, "resume": False, **kw}
+    return tune_loader(dataset, **kw)
+
+
+@pytest.mark.slow
+def test_tunes_a_latency_bound_dataset_and_saves_it(tmp_path) -> None:
+    collated = []
+
+    def collate(samples):
+        collated.append(len(samples))
+        return torch.stack(samples)
+
+    rec = tune(
+        SleepDataset(n=30000, sleep_s=0.0005),
+        batch_size=32,
+        collate_fn=collate,
+        step=lambda batch: batch.sum(),
+    )
+    assert set(rec.loader_kwargs) == {
+        "batch_size",
+        "num_workers",
+        "prefetch_factor",
+        "pin_memory",
+        "persistent_workers",
+    }
+    assert rec.loader_kwargs["num_workers"] >= 2  # latency-bound: workers overlap the waits
+    assert rec.samples_per_s and rec.baseline_samples_per_s
+    assert (
+        rec.samples_per_s > 1.5 * rec.baseline_samples_per_s and rec.speedup and rec.speedup > 1.5
+    )
+    assert not rec.within_noise
+    assert collated, "the user's collate_fn was used"
+    assert rec.diagnosis["bottleneck"] in ("input", "compute", "balanced")
+    assert rec.diagnosis["ceiling_samples_per_s"] > 0
+    for t in rec.trials:  # the record other tools read
+        assert isinstance(t.params, dict) and "num_workers" in t.params
+        assert (t.samples_per_s is None) == (t.error is not None or t.skipped is not None)
+    path = rec.save(tmp_path / "rec.json")
+    kwargs = load_recommendation(path)
+    assert kwargs == rec.loader_kwargs
+    batch = next(iter(DataLoader(SleepDataset(n=64), **kwargs)))
+    assert batch.shape[0] == rec.loader_kwargs["batch_size"]
+
+
+@pytest.mark.slow
+def test_a_dataset_bug_stops_with_the_traceback() -> None:
+    with pytest.raises(UserCodeError, match="bug in the dataset") as info:
+        tune(FaultDataset("raise", at=10), batch_size=8)
+    assert "corrupt sample" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_workers": 4}, "num_workers is what loadertune tunes"),
+        ({"batch_sizes": [1]}, "unknown DataLoader argument"),
+        ({"batch_size": [0, 32]}, "every batch size must be a positive int"),
+        ({"batch_size": []}, "empty list"),
+        ({"max_workers": 10**6}, "more than anything sensible"),
+        ({"baseline": {"num_workers": 2, "shuffle": True}}, "baseline takes only"),
+        ({"budget_s": -1}, "budget_s must be a positive number"),
+        (
+            {"baseline": {"num_workers": 0, "prefetch_factor": 2}},
+            "prefetch_factor needs num_workers > 0",
+        ),
+    ],
+)
+def test_bad_arguments_are_clear_errors(kwargs: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        tune(TensorDataset(n=100), **kwargs)
+
+
+def test_an_empty_dataset_is_refused() -> None:
+    with pytest.raises(ConfigError, match="empty"):
+        tune(TensorDataset(n=0))
+
+
+def test_load_recommendation_says_what_the_file_has(tmp_path) -> None:
+    with pytest.raises(NoRecommendationError, match="does not exist"):
+        load_recommendation(tmp_path / "missing.json")
+    from loadertune import store
+
+    store.save_entry(tmp_path / "rec.json", "other-box", {"loader_kwargs": {"batch_size": 8}})
+    with pytest.raises(NoRecommendationError, match=r"no entry for this machine.*other-box"):
+        load_recommendation(tmp_path / "rec.json")
+    assert load_recommendation(tmp_path / "rec.json", hardware_key="other-box") == {"batch_size": 8}
+    store.save_entry(tmp_path / "rec.json", current_key(), {"loader_kwargs": {"batch_size": 16}})
+    assert load_recommendation(tmp_path / "rec.json") == {"batch_size": 16}
