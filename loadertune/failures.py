@@ -171,7 +171,8 @@ def signal_text(signum: int) -> str:
 
 def chain_text(exc: BaseException) -> str:
     """The messages of ``exc`` and of the exceptions it was raised from (most specific last)."""
-    parts, seen = [], set()
+    parts: list[str] = []
+    seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen and len(parts) < 6:
         seen.add(id(current))

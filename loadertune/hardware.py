@@ -15,7 +15,6 @@ import platform
 import re
 import resource
 import shutil
-import sys
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
@@ -146,11 +145,10 @@ class Hardware:
 
 
 def _versions() -> dict[str, str | None]:
+    import torch
+
     from loadertune import __version__
 
-    torch = sys.modules.get("torch")
-    if torch is None:
-        import torch
     return {
         "loadertune": __version__,
         "python": platform.python_version(),
@@ -165,7 +163,8 @@ def detect() -> Hardware:
     quota = cgroup_cpu_quota()
     try:
         shm = shutil.disk_usage("/dev/shm")
-        shm_total, shm_free = shm.total, shm.free
+        shm_total: int | None = shm.total
+        shm_free: int | None = shm.free
     except OSError:
         shm_total = shm_free = None
     gpus = tuple(nvml.visible_gpus())

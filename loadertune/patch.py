@@ -119,7 +119,7 @@ def patched(controller: Controller) -> Iterator[None]:
         return controller.on_iter(self, record, orig_iter)
 
     DataLoader.__init__ = __init__  # type: ignore[method-assign]
-    DataLoader.__iter__ = __iter__  # type: ignore[method-assign]
+    DataLoader.__iter__ = __iter__  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:

@@ -607,7 +607,7 @@ class Search:
             if t.ok and t.cuda_peak_reserved_bytes
         ]
         capacities = [t.cuda_capacity_bytes for t in self.trials if t.cuda_capacity_bytes]
-        return memory.fit(points), (min(capacities) if capacities else None)  # type: ignore[arg-type]
+        return memory.fit(points), (min(capacities) if capacities else None)
 
     def _memory_skip(self, config: Config) -> str | None:
         """Why ``config``'s batch is predicted not to fit in GPU memory, or None."""

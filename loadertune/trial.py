@@ -155,7 +155,10 @@ class TrialRunner(Protocol):
     uses_cuda: bool  # pin_memory is worth searching
     in_process: bool  # trials run in this process (their memory budget sits on top of ours)
     bytes_per_sample: float | None  # size of one collated sample, once a trial has seen one
-    user_error: type[UserCodeError]  # raised when the user's own code fails
+
+    @property
+    def user_error(self) -> type[UserCodeError]:
+        """The exception raised when the user's own code fails."""
 
     def run(
         self,
