@@ -10,13 +10,20 @@ GPU, NVML's utilization samples over the window show the same thing from the oth
 from __future__ import annotations
 
 import statistics
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from loadertune import memory
+from loadertune.hardware import Hardware
 from loadertune.probe import Estimates
 from loadertune.trial import TrialResult
 
+if TYPE_CHECKING:
+    from loadertune.search import SearchOutcome
+
 INPUT_BOUND_BLOCKED = 0.20  # waiting this much of the loop on data: the loader is the bottleneck
 COMPUTE_BOUND_BLOCKED = 0.05  # waiting less than this: the step is
+COPY_ON_READ_BYTES_PER_S = 4 * memory.MIB  # a worker's private memory rising faster than this
+MIB, GIB = memory.MIB, 2**30
 
 
 def bottleneck(blocked_fraction: float) -> str:
@@ -70,3 +77,224 @@ def ceilings(est: Estimates | None) -> dict[str, Any]:
         "io_bound_loading": est.io_bound,
         "workers_needed": est.workers_needed(),
     }
+
+
+def scaling(outcome: SearchOutcome) -> list[dict[str, float]]:
+    """Best measured rate per ``num_workers`` at the winner's batch size: the observed scaling."""
+    best: dict[int, float] = {}
+    for config, value in outcome.values.items():
+        if config.batch_size == outcome.winner.batch_size:
+            best[config.num_workers] = max(value, best.get(config.num_workers, 0.0))
+    return [{"num_workers": w, "samples_per_s": best[w]} for w in sorted(best)]
+
+
+def gpu_memory(outcome: SearchOutcome) -> dict[str, Any] | None:
+    """The affine memory model over every trial that reported a CUDA peak, and what it predicts."""
+    points = [
+        (t.config.batch_size, t.cuda_peak_reserved_bytes)
+        for t in outcome.trials
+        if t.ok and t.cuda_peak_reserved_bytes is not None
+    ]
+    oom = sorted({t.config.batch_size for t in outcome.trials if t.error == "oom"})
+    if not points and not oom:
+        return None
+    capacities = [t.cuda_capacity_bytes for t in outcome.trials if t.cuda_capacity_bytes]
+    capacity = min(capacities) if capacities else None
+    model = memory.fit(points)
+    out: dict[str, Any] = {
+        "peak_reserved_mib": {str(bs): peak / MIB for bs, peak in sorted(points)},
+        "capacity_mib": capacity / MIB if capacity else None,
+        "margin": outcome.memory_margin,
+        "oom_batch_sizes": oom,
+        "largest_batch_run": max((bs for bs, _ in points), default=None),
+    }
+    if model is not None:
+        out.update(
+            fixed_mib=model.fixed_bytes / MIB,
+            per_sample_mib=model.per_sample_bytes / MIB,
+            fit_max_error=model.max_error,
+            predicted_max_batch_size=(
+                model.max_batch_size(capacity, margin=outcome.memory_margin) if capacity else None
+            ),
+        )
+    return out
+
+
+def host_memory(outcome: SearchOutcome, hw: Hardware) -> dict[str, Any]:
+    """Memory of the winner's processes, its batches in flight, and copy-on-read growth."""
+    res = [r.resources for r in outcome.results_for(outcome.winner) if r.ok and r.resources]
+    with_workers = [
+        t.resources for t in outcome.trials if t.ok and t.resources and t.config.num_workers > 0
+    ]
+    growth_src = [u for u in res if u.n_workers] or with_workers
+    per_worker = [
+        u.worker_uss_growth_bytes_per_s / u.n_workers
+        for u in growth_src
+        if u.worker_uss_growth_bytes_per_s is not None and u.n_workers
+    ]
+    growth = statistics.median(per_worker) if per_worker else None
+
+    def med(values: list[int | None]) -> float | None:
+        vals = [v for v in values if v is not None]
+        return statistics.median(vals) if vals else None
+
+    return {
+        "pss_bytes": med([u.pss_bytes for u in res]),
+        "worker_pss_bytes": med([u.worker_pss_bytes for u in res]),
+        "in_flight_bytes": outcome.space.in_flight_bytes(outcome.winner),
+        "shm_free_bytes": hw.shm_free_bytes,
+        "ram_available_bytes": hw.memory_available_bytes,
+        "worker_uss_growth_bytes_per_s": growth,  # per worker
+        "copy_on_read": growth is not None and growth > COPY_ON_READ_BYTES_PER_S,
+    }
+
+
+def failures_seen(outcome: SearchOutcome) -> dict[str, dict[str, Any]]:
+    """Each kind of failure the trials met: how often, the first setting, and the fix."""
+    seen: dict[str, dict[str, Any]] = {}
+    for t in outcome.trials:
+        if t.failure is not None:
+            entry = seen.setdefault(
+                t.failure.kind,
+                {
+                    "count": 0,
+                    "message": t.failure.message,
+                    "advice": t.failure.advice,
+                    "first": t.params,
+                },
+            )
+            entry["count"] += 1
+    return seen
+
+
+def advice(outcome: SearchOutcome, hw: Hardware, diag: dict[str, Any]) -> list[str]:
+    """What to do beyond the knobs, chosen from what was measured."""
+    out: list[str] = []
+    est = outcome.estimates
+    winner = outcome.winner
+    where = diag.get("bottleneck")
+    percent = diag.get("percent_of_ceiling")
+    gpu = diag["memory"]["gpu"]
+    if where == "input" and est is not None:
+        if est.io_bound:
+            out.append(
+                "loading waits on I/O, not the CPU: keep the data on a local disk or in RAM, "
+                "and pack small files into larger ones (npy, LMDB, HDF5) to cut per-file "
+                "latency; more workers than CPUs is right here"
+            )
+        else:
+            out.append(
+                "decoding and augmentation on the CPU limit training: store samples "
+                "pre-decoded or in a packed format (npy, LMDB, HDF5), make augmentation "
+                "cheaper, or decode on the GPU (NVIDIA DALI)"
+            )
+    if where == "compute":
+        if gpu is not None or any(t.cuda_device for t in outcome.trials):
+            fits = (gpu or {}).get("predicted_max_batch_size")
+            more = (
+                f"; a batch of up to {fits} is predicted to fit"
+                if fits and fits > winner.batch_size
+                else ""
+            )
+            out.append(
+                "the GPU step is the bottleneck, not the loader: use mixed precision "
+                f"(torch.autocast) to cut compute and activation memory{more}"
+            )
+        else:
+            out.append(
+                "the training step is the bottleneck, not the loader: a faster loader buys "
+                "nothing; profile the step"
+            )
+    if diag["memory"]["host"]["copy_on_read"]:
+        rate = diag["memory"]["host"]["worker_uss_growth_bytes_per_s"] / MIB
+        out.append(
+            f"each worker's memory grows {rate:,.0f} MiB/s while loading (copy-on-read: Python "
+            "objects touched by forked workers are copied, pytorch#13246): keep samples in "
+            "numpy arrays or tensors instead of lists and dicts"
+        )
+    shm_free = hw.shm_free_bytes
+    in_flight = diag["memory"]["host"]["in_flight_bytes"]
+    if shm_free is not None and (
+        shm_free < GIB
+        or (in_flight and in_flight > 0.5 * shm_free)
+        or "shm_exhausted" in diag["failures"]
+    ):
+        out.append(
+            f"/dev/shm has {shm_free / GIB:.1f} GiB free; batches in flight live there: "
+            "raise it (docker run --shm-size=8g) to allow more workers or prefetch"
+        )
+    if hw.cpu_quota is not None and hw.cpu_quota < hw.logical_cpus:
+        out.append(
+            f"a CPU quota limits this process to {hw.cpu_quota:g} CPUs of the machine's "
+            f"{hw.logical_cpus}: settings tuned here fit that quota, not the whole machine"
+        )
+    if winner.num_workers > hw.usable_cpus:
+        out.append(
+            f"the winner uses {winner.num_workers} workers on {hw.usable_cpus} usable CPUs; "
+            "torch warns about this, but it measured faster here because the workers wait"
+        )
+    if percent is not None and percent < 80 and where == "input":
+        out.append(
+            f"the winner reaches {percent:.0f}% of the estimated ceiling: the loader, not the "
+            "settings, is what to change next"
+        )
+    for kind, info in diag["failures"].items():
+        if kind not in ("pruned",):
+            out.append(
+                f"{info['count']} trial(s) failed with {kind} ({info['message']}): {info['advice']}"
+            )
+    return out
+
+
+def warnings(outcome: SearchOutcome) -> list[str]:
+    out = []
+    conf = outcome.confirmation
+    if conf is not None and conf.within_noise and outcome.winner != outcome.baseline:
+        out.append(
+            "the winner does not clearly beat your settings: the difference is within "
+            "the noise of this machine"
+        )
+    low = [
+        t
+        for t in outcome.results_for(outcome.winner)
+        if t.measurement and t.measurement.low_confidence
+    ]
+    if low:
+        out.append(
+            "some measurements of the winner did not fill their window (low confidence): "
+            "the script or dataset ended early"
+        )
+    est = outcome.estimates
+    value = outcome.value(outcome.winner)
+    if est is not None and value and value > 1.15 * est.achievable:
+        out.append(
+            f"the winner measured {value:,.0f} samples/s, above the estimated ceiling "
+            f"{est.achievable:,.0f}: the probe underestimated a stage"
+        )
+    for t in outcome.trials:
+        for w in t.extra.get("warnings", []):
+            if w not in out:
+                out.append(w)
+    return out
+
+
+def diagnose(outcome: SearchOutcome, hw: Hardware) -> dict[str, Any]:
+    """Everything ``rec.diagnosis`` holds. ``"bottleneck"`` and ``"ceiling_samples_per_s"`` are
+    the stable keys: the stage limiting the winner, and the achievable rate estimated."""
+    win = describe_trial(outcome.results_for(outcome.winner))
+    diag: dict[str, Any] = {
+        "bottleneck": win["bottleneck"] if win else None,
+        "ceiling_samples_per_s": outcome.estimates.achievable if outcome.estimates else None,
+        "percent_of_ceiling": None,
+        "winner": win,
+        "baseline": describe_trial(outcome.results_for(outcome.baseline)),
+        "ceilings": ceilings(outcome.estimates),
+        "scaling": scaling(outcome),
+        "memory": {"gpu": gpu_memory(outcome), "host": host_memory(outcome, hw)},
+        "failures": failures_seen(outcome),
+    }
+    if diag["ceiling_samples_per_s"] and win:
+        diag["percent_of_ceiling"] = 100 * win["samples_per_s"] / diag["ceiling_samples_per_s"]
+    diag["warnings"] = warnings(outcome)
+    diag["advice"] = advice(outcome, hw, diag)
+    return diag

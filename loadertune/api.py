@@ -136,14 +136,9 @@ def build_recommendation(
 ) -> Recommendation:
     """Turn a search's outcome into a Recommendation."""
     conf = outcome.confirmation
-
-    def results_for(config: Config) -> list[TrialResult]:
-        if conf is not None and conf.results.get(config):
-            return conf.results[config]
-        return [t for t in outcome.trials if t.config == config and t.phase != "replay"]
-
     winner, base = outcome.winner, outcome.baseline
-    win_fig, base_fig = _figures(results_for(winner)), _figures(results_for(base))
+    win_fig = _figures(outcome.results_for(winner))
+    base_fig = _figures(outcome.results_for(base))
     kwargs = winner.loader_kwargs()
     if hide_batch_size:
         kwargs.pop("batch_size")
@@ -151,18 +146,8 @@ def build_recommendation(
     if win_fig and base_fig and base_fig["epoch_samples_per_s"]:
         speedup = win_fig["epoch_samples_per_s"] / base_fig["epoch_samples_per_s"]
     at_bs = outcome.best_at_batch_size(outcome.user_batch_size)
-    at_bs_fig = _figures(results_for(at_bs)) if at_bs is not None else None
-    diagnosis: dict[str, Any] = {
-        "bottleneck": (analysis.describe_trial(results_for(winner)) or {}).get("bottleneck"),
-        "ceiling_samples_per_s": outcome.estimates.achievable if outcome.estimates else None,
-        "winner": analysis.describe_trial(results_for(winner)),
-        "baseline": analysis.describe_trial(results_for(base)),
-        "ceilings": analysis.ceilings(outcome.estimates),
-    }
-    if diagnosis["ceiling_samples_per_s"] and win_fig:
-        diagnosis["percent_of_ceiling"] = (
-            100 * win_fig["samples_per_s"] / diagnosis["ceiling_samples_per_s"]
-        )
+    at_bs_fig = _figures(outcome.results_for(at_bs)) if at_bs is not None else None
+    space = outcome.space
     return Recommendation(
         loader_kwargs=kwargs,
         samples_per_s=win_fig["samples_per_s"] if win_fig else None,
@@ -176,7 +161,7 @@ def build_recommendation(
             else None
         ),
         trials=outcome.trials,
-        diagnosis=diagnosis,
+        diagnosis=analysis.diagnose(outcome, hw),
         hardware=hw,
         search={
             "study_name": outcome.study_name,
@@ -186,12 +171,12 @@ def build_recommendation(
             "n_trials": len(outcome.trials),
             "n_previous_trials": outcome.n_previous_trials,
             "space": {
-                "batch_sizes": list(outcome.space.batch_sizes),
-                "max_workers": outcome.space.max_workers,
-                "prefetch_factors": list(outcome.space.prefetch_factors),
-                "pin_memory": list(outcome.space.pin_memory),
-                "persistent_workers": list(outcome.space.persistent_workers),
-                "limits": outcome.space.limits,
+                "batch_sizes": list(space.batch_sizes),
+                "max_workers": space.max_workers,
+                "prefetch_factors": list(space.prefetch_factors),
+                "pin_memory": list(space.pin_memory),
+                "persistent_workers": list(space.persistent_workers),
+                "limits": space.limits,
             },
         },
         workload=workload,

@@ -136,3 +136,72 @@ def test_ceilings() -> None:
     assert out["io_bound_loading"] is True
     assert out["workers_needed"] == est.workers_needed()
     assert out["transfer_samples_per_s"] is None
+
+
+# -- diagnoses of real workloads whose bottleneck is known by construction ----------------------
+
+_TUNE = {"budget_s": 12, "window_s": 0.3, "verbose": False, "seed": 0, "resume": False}
+
+
+@pytest.mark.slow
+def test_a_sleep_bound_loader_is_input_bound_and_below_its_ceiling() -> None:
+    from loadertune import tune_loader
+    from workloads import SleepDataset
+
+    rec = tune_loader(SleepDataset(n=30000, sleep_s=0.001), batch_size=32, **_TUNE)
+    d = rec.diagnosis
+    assert d["baseline"]["bottleneck"] == "input"
+    assert d["ceilings"]["io_bound_loading"] is True
+    assert d["ceilings"]["limiting_stage"] == "loader"
+    # the measured winner may not beat the estimated achievable rate by more than the noise
+    assert rec.samples_per_s <= 1.15 * d["ceiling_samples_per_s"]
+    assert any("waits on I/O" in a for a in d["advice"])
+    assert [s["num_workers"] for s in d["scaling"]] == sorted(
+        s["num_workers"] for s in d["scaling"]
+    )
+
+
+@pytest.mark.slow
+def test_a_step_bound_loop_is_compute_bound_and_stops_early() -> None:
+    from loadertune import tune_loader
+    from workloads import TensorDataset, sleep_step
+
+    # Baseline num_workers=0: rows of an in-memory tensor cost nothing next to a 4 ms step. (With
+    # workers, receiving each batch costs the loop ~0.5 ms: that would be "balanced", and slower.)
+    rec = tune_loader(TensorDataset(n=200_000), batch_size=64, step=sleep_step(0.004), **_TUNE)
+    d = rec.diagnosis
+    assert d["bottleneck"] == "compute"
+    assert rec.search["stop_reason"] == "compute_bound"
+    assert d["ceilings"]["limiting_stage"] in ("consumer", "cpu")
+    assert rec.samples_per_s <= 1.15 * d["ceiling_samples_per_s"]
+    assert any("step is the bottleneck" in a for a in d["advice"])
+
+
+@pytest.mark.slow
+def test_copy_on_read_is_flagged_with_its_cause() -> None:
+    import torch
+    from torch.utils.data import Dataset
+
+    from loadertune import tune_loader
+
+    class Records(Dataset):  # Python objects: forked workers copy the pages they touch
+        def __init__(self, n: int = 2_000_000) -> None:
+            self.items = [{"id": i, "label": i % 10} for i in range(n)]
+
+        def __len__(self) -> int:
+            return len(self.items)
+
+        def __getitem__(self, i: int):
+            return torch.tensor([self.items[i]["id"], self.items[i]["label"]], dtype=torch.float32)
+
+    rec = tune_loader(
+        Records(), batch_size=256, shuffle=True, max_workers=2, baseline={"num_workers": 2}, **_TUNE
+    )
+    host = rec.diagnosis["memory"]["host"]
+    assert host["copy_on_read"] is True
+    assert any("copy-on-read" in a and "numpy" in a for a in rec.diagnosis["advice"])
+
+
+def test_balanced_when_the_loop_waits_a_little() -> None:
+    results = [_ok(1000.0, blocked=0.12)]
+    assert describe_trial(results)["bottleneck"] == "balanced"

@@ -326,3 +326,38 @@ def test_every_trial_failing_is_an_error(tmp_path, hw) -> None:
     ).run()
     assert outcome.winner == Config(32)
     assert outcome.confirmation is not None and outcome.confirmation.clearly_better
+
+
+def test_gpu_memory_model_bounds_the_batch_size(tmp_path, hw) -> None:
+    """Peaks grow 6 MiB per sample on a 6 GiB card: 1024 and 2048 cannot fit with a 10% margin
+    (and 2048 raises a real-text OOM if tried). They are predicted, not tried; the largest
+    predicted to fit is verified by a trial; a batch that ran out of memory never wins."""
+    mib = 2**20
+
+    class GpuRunner(FakeRunner):
+        def run(self, config, **kw):
+            result = super().run(config, **kw)
+            if config.batch_size >= 2048:
+                result.measurement = None
+                result.failure = Failure("oom", "the GPU ran out of memory", "smaller batch")
+            elif result.failure is None:
+                result.cuda_peak_reserved_bytes = int(400 * mib + 6 * mib * config.batch_size)
+                result.cuda_capacity_bytes = 6 * 1024 * mib
+            return result
+
+    def rate(config: Config) -> float:  # bigger batches are faster: the search wants them
+        return io_landscape(config) * config.batch_size / 64
+
+    runner = GpuRunner(rate)
+    sizes = [64, 128, 256, 512, 1024, 2048]
+    outcome = Search(
+        runner,
+        hardware=hw,
+        baseline=Config(64),
+        batch_sizes=sizes,
+        settings=settings(tmp_path, budget_s=20, patience=40),
+    ).run()
+    tried = {c.batch_size for p, c in runner.log if p != "replay"}
+    assert 1024 not in tried and 2048 not in tried  # 400 + 6 x 1024 MiB > 90% of 6 GiB
+    assert 512 in tried  # the largest predicted to fit was verified
+    assert outcome.winner.batch_size == 512
