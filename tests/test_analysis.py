@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import torch
+from torch.utils.data import Dataset
+from workloads import SleepDataset, TensorDataset, sleep_step
 
+from loadertune import tune_loader
 from loadertune.analysis import (
     COMPUTE_BOUND_BLOCKED,
     INPUT_BOUND_BLOCKED,
@@ -145,9 +149,6 @@ _TUNE = {"budget_s": 12, "window_s": 0.3, "verbose": False, "seed": 0, "resume":
 
 @pytest.mark.slow
 def test_a_sleep_bound_loader_is_input_bound_and_below_its_ceiling() -> None:
-    from loadertune import tune_loader
-    from workloads import SleepDataset
-
     rec = tune_loader(SleepDataset(n=30000, sleep_s=0.001), batch_size=32, **_TUNE)
     d = rec.diagnosis
     assert d["baseline"]["bottleneck"] == "input"
@@ -163,9 +164,6 @@ def test_a_sleep_bound_loader_is_input_bound_and_below_its_ceiling() -> None:
 
 @pytest.mark.slow
 def test_a_step_bound_loop_is_compute_bound_and_stops_early() -> None:
-    from loadertune import tune_loader
-    from workloads import TensorDataset, sleep_step
-
     # Baseline num_workers=0: rows of an in-memory tensor cost nothing next to a 4 ms step. (With
     # workers, receiving each batch costs the loop ~0.5 ms: that would be "balanced", and slower.)
     rec = tune_loader(TensorDataset(n=200_000), batch_size=64, step=sleep_step(0.004), **_TUNE)
@@ -179,11 +177,6 @@ def test_a_step_bound_loop_is_compute_bound_and_stops_early() -> None:
 
 @pytest.mark.slow
 def test_copy_on_read_is_flagged_with_its_cause() -> None:
-    import torch
-    from torch.utils.data import Dataset
-
-    from loadertune import tune_loader
-
     class Records(Dataset):  # Python objects: forked workers copy the pages they touch
         def __init__(self, n: int = 2_000_000) -> None:
             self.items = [{"id": i, "label": i % 10} for i in range(n)]
