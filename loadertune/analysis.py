@@ -35,6 +35,20 @@ def bottleneck(blocked_fraction: float) -> str:
     return "balanced"
 
 
+def loader_keeps_up(baseline: TrialResult | None, est: Estimates | None) -> bool:
+    """The baseline is compute-bound and the loader keeps up: tuning the loader cannot help.
+
+    Its loop almost never waits for data, and it runs at (nearly) the step's own rate with the
+    data in memory. The second test catches workers that keep up by stealing the step's CPUs.
+    """
+    if baseline is None or not baseline.ok or baseline.measurement is None or est is None:
+        return False
+    return (
+        baseline.measurement.blocked_fraction < COMPUTE_BOUND_BLOCKED
+        and (baseline.samples_per_s or 0.0) >= 0.85 * est.consumer_ceiling
+    )
+
+
 def gpu_histogram(samples: list[int]) -> dict[str, float]:
     """Share of NVML samples in each utilization band (the starved GPU's swing shows here)."""
     bands = {"0-10%": 0, "10-50%": 0, "50-90%": 0, "90-100%": 0}

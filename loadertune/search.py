@@ -34,7 +34,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState
 
-from loadertune import memory
+from loadertune import analysis, memory
 from loadertune.confirm import Confirmation, confirm
 from loadertune.errors import ConfigError, LoadertuneError, SearchInterrupted, UserCodeError
 from loadertune.failures import RESOURCE_KINDS
@@ -745,16 +745,8 @@ class Search:
                 space, batch_sizes=tuple(sorted({*space.batch_sizes, *self.batch_sizes}))
             )
         base = next((t for t in self.trials if t.phase == "baseline"), None)
-        if (
-            base is not None
-            and base.ok
-            and base.measurement
-            and est is not None
-            and len(space.batch_sizes) == 1
-            and base.measurement.blocked_fraction < 0.05
-            and (base.samples_per_s or 0) >= 0.9 * est.consumer_ceiling
-        ):
-            reason = "compute_bound"  # the loader keeps up: the step is the bottleneck
+        if len(space.batch_sizes) == 1 and analysis.loader_keeps_up(base, est):
+            reason = "compute_bound"  # nothing to gain: confirm the baseline and stop
         else:
             if self.observer:
                 self.observer.phase("explore")
