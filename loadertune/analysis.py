@@ -86,6 +86,7 @@ def ceilings(est: Estimates | None) -> dict[str, Any]:
         "loader_samples_per_s": est.loader_ceiling,
         "cpu_samples_per_s": est.cpu_ceiling,
         "transfer_samples_per_s": est.transfer_ceiling,
+        "in_process_samples_per_s": est.in_process_samples_per_s,
         "achievable_samples_per_s": est.achievable,
         "limiting_stage": est.limiting_stage,
         "io_bound_loading": est.io_bound,
@@ -219,6 +220,11 @@ def advice(outcome: SearchOutcome, hw: Hardware, diag: dict[str, Any]) -> list[s
                 "the training step is the bottleneck, not the loader: a faster loader buys "
                 "nothing; profile the step"
             )
+    if est is not None and est.limiting_stage == "main_process" and winner.num_workers == 0:
+        out.append(
+            "loading in the training process (num_workers=0) is fastest here: handing a "
+            "batch over from a worker costs more than producing it"
+        )
     if diag["memory"]["host"]["copy_on_read"]:
         rate = diag["memory"]["host"]["worker_uss_growth_bytes_per_s"] / MIB
         out.append(

@@ -66,6 +66,50 @@ def settings_of(loader: DataLoader[Any]) -> Config:
     )
 
 
+UNSHARDED_WARNING = (
+    "the IterableDataset is not sharded across workers: each worker yields the same samples, so "
+    "an epoch holds every sample num_workers times and throughput looks inflated; split the "
+    "stream with torch.utils.data.get_worker_info() in __iter__"
+)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    try:
+        return bool(a == b)
+    except Exception:  # arrays and other types without a plain truth value
+        return False
+
+
+def duplicated_across_workers(
+    dataset: IterableDataset[Any],
+    *,
+    batch_size: int | None,
+    collate_fn: Callable[[Any], Any] | None = None,
+) -> bool:
+    """True when two workers yield the same first batch: the stream ignores get_worker_info().
+
+    DataLoader takes batches from its workers in turn, so batch 0 is worker 0's first and batch 1
+    is worker 1's first; a sharded stream gives different ones.
+    """
+    kwargs: dict[str, Any] = {"batch_size": batch_size, "num_workers": 2, "timeout": 60}
+    if collate_fn is not None:
+        kwargs["collate_fn"] = collate_fn
+    it = iter(DataLoader(dataset, **kwargs))
+    try:
+        first, second = next(it), next(it)
+    except StopIteration:
+        return False
+    finally:
+        del it
+    return _same(first, second)
+
+
 def dead_worker_signals(iterator: object) -> tuple[int, ...]:
     """Signals that killed a DataLoader iterator's workers, read from their exit codes."""
     codes = (getattr(w, "exitcode", None) for w in getattr(iterator, "_workers", None) or ())

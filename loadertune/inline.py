@@ -23,7 +23,7 @@ from typing import Any
 
 import psutil
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from loadertune import dataloader as dl
 from loadertune.errors import UserCodeError
@@ -115,6 +115,7 @@ class InlineRunner:
         self._transfer: dict[str, float] | None = None
         self.gpu_index: int | None = None
         self.epoch_samples = self._epoch_length()
+        self._sharding_checked = False
 
     def _epoch_length(self) -> int | None:
         """Samples per epoch at batch size 1 (None: unknown); a loader without workers is free."""
@@ -159,6 +160,7 @@ class InlineRunner:
             raise ValueError("an in-process trial needs explicit settings")
         t0 = time.perf_counter()
         replay = phase == "replay"
+        warnings = self._check_sharding(config)
         result = TrialResult(config, phase=phase)
         before = set(_children())
         if torch.cuda.is_initialized():
@@ -224,8 +226,29 @@ class InlineRunner:
                 if self.gpu_index is None:
                     self.gpu_index = dl.nvml_index_for_current_device()
         result.bytes_per_sample = self.bytes_per_sample
+        result.extra["warnings"] = warnings
         result.wall_s = time.perf_counter() - t0
         return result
+
+    def _check_sharding(self, config: Config) -> list[str]:
+        """Once, for an IterableDataset: warn when its workers yield duplicate samples."""
+        if self._sharding_checked or not isinstance(self.dataset, IterableDataset):
+            return []
+        self._sharding_checked = True
+        before = set(_children())
+        try:
+            with dl.quiet_worker_warning():
+                dup = dl.duplicated_across_workers(
+                    self.dataset,
+                    batch_size=config.batch_size,
+                    collate_fn=self.fixed.get("collate_fn"),
+                )
+        except Exception:  # the trial itself will meet and classify the same error
+            dup = False
+        finally:
+            gc.collect()
+            kill_new_children(before)
+        return [dl.UNSHARDED_WARNING] if dup else []
 
     def _loop(self, meter: Meter, batches: Any, step: Callable[[Any], Any] | None) -> None:
         while not meter.done:

@@ -41,6 +41,8 @@ class Estimates:
         loader_ceiling: the most the loader can produce with ``max_workers`` on these CPUs.
         cpu_ceiling: the rate at which loading and step together use every usable CPU.
         transfer_ceiling: host-to-device rate (GPU only), or None.
+        in_process_samples_per_s: the measured rate with ``num_workers=0``; no estimate of what
+            is achievable can be below a rate already measured.
     """
 
     load_s_per_sample: float
@@ -54,21 +56,13 @@ class Estimates:
     loader_ceiling: float
     cpu_ceiling: float
     transfer_ceiling: float | None = None
+    in_process_samples_per_s: float = 0.0
 
     @property
     def io_bound(self) -> bool:
         return self.load_cpu_fraction < IO_BOUND_CPU_FRACTION
 
-    @property
-    def achievable(self) -> float:
-        """The lowest ceiling: no setting of the loader can beat it."""
-        ceilings = [self.consumer_ceiling, self.loader_ceiling, self.cpu_ceiling]
-        if self.transfer_ceiling:
-            ceilings.append(self.transfer_ceiling)
-        return min(c for c in ceilings if c > 0)
-
-    @property
-    def limiting_stage(self) -> str:
+    def _ceilings(self) -> dict[str, float]:
         named = {
             "consumer": self.consumer_ceiling,
             "loader": self.loader_ceiling,
@@ -76,11 +70,26 @@ class Estimates:
         }
         if self.transfer_ceiling:
             named["transfer"] = self.transfer_ceiling
-        return min(named, key=lambda k: named[k])
+        return {k: v for k, v in named.items() if v > 0}
+
+    @property
+    def achievable(self) -> float:
+        """The lowest ceiling of the worker pipeline, or the measured ``num_workers=0`` rate when
+        that is higher (loading in the main process can beat workers whose transfer costs more
+        than the loading itself)."""
+        return max(self.in_process_samples_per_s, min(self._ceilings().values()))
+
+    @property
+    def limiting_stage(self) -> str:
+        """The stage that sets :attr:`achievable`: ``"consumer"``, ``"loader"``, ``"cpu"``,
+        ``"transfer"``, or ``"main_process"`` when loading in the loop's own process is best."""
+        ceilings = self._ceilings()
+        lowest = min(ceilings, key=lambda k: ceilings[k])
+        return "main_process" if self.in_process_samples_per_s > ceilings[lowest] else lowest
 
     def workers_needed(self) -> int:
-        """Workers that produce the achievable rate (at least 1)."""
-        return max(1, math.ceil(self.achievable * self.worker_s_per_sample * 1.05))
+        """Workers that feed the worker pipeline's lowest ceiling (at least 1)."""
+        return max(1, math.ceil(min(self._ceilings().values()) * self.worker_s_per_sample * 1.05))
 
     def predicted_samples_per_s(self, num_workers: int) -> float:
         """The barrel model's rate for ``num_workers`` (0: loading and step take turns)."""
@@ -90,7 +99,7 @@ class Estimates:
         cpu_for_loading = self.load_cpu_fraction * self.worker_s_per_sample
         if cpu_for_loading > 0:
             loader = min(loader, self.usable_cpus / cpu_for_loading)
-        return min(loader, self.achievable)
+        return min(loader, min(self._ceilings().values()))
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -157,6 +166,7 @@ def estimate(
         loader_ceiling=loader_ceiling,
         cpu_ceiling=cpu_ceiling,
         transfer_ceiling=transfer_ceiling,
+        in_process_samples_per_s=w0.samples_per_s or 0.0,
     )
 
 

@@ -202,6 +202,8 @@ def summary_lines(rec: Recommendation) -> list[str]:
         f"{s['n_trials']} trials in {s['elapsed_s']:.0f} s, stopped: {s['stop_reason']}; "
         f"study {s['study_name']!r} in {s['storage']}"
     )
+    for warning in rec.diagnosis.get("warnings", []):
+        lines.append(f"warning: {warning}")
     for advice in rec.diagnosis.get("advice", []):
         lines.append(f"advice: {advice}")
     return lines

@@ -287,6 +287,7 @@ class ScriptRunner:
             self.uses_cuda = bool(msg.get("cuda_available"))
         if result.phase == "baseline":
             result.config = Config.from_kwargs(msg["settings"])
+        result.extra["warnings"] = list(msg.get("warnings") or [])
         result.epoch_samples = msg.get("epoch_samples")
         self.epoch_samples = self.epoch_samples or result.epoch_samples
 

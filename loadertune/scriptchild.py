@@ -24,7 +24,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from loadertune import dataloader as dl
 from loadertune import failures
@@ -153,6 +153,7 @@ class TrialController:
                 "dataset": f"{type(loader.dataset).__module__}.{type(loader.dataset).__qualname__}",
                 "batch_sampler": loader.batch_size is None,
                 "cuda_available": torch.cuda.is_available(),
+                "warnings": self._sharding_warnings(loader),
             }
         )
         self.meter = Meter(
@@ -163,6 +164,18 @@ class TrialController:
             measure_cpu=loader.num_workers == 0,
             on_done=self._done,
         )
+
+    def _sharding_warnings(self, loader: DataLoader[Any]) -> list[str]:
+        """In the baseline trial only: does an IterableDataset yield duplicates across workers?"""
+        if self.spec["phase"] != "baseline" or not isinstance(loader.dataset, IterableDataset):
+            return []
+        try:
+            dup = dl.duplicated_across_workers(
+                loader.dataset, batch_size=loader.batch_size, collate_fn=loader.collate_fn
+            )
+        except Exception:  # the trial meets and reports the same error itself
+            return []
+        return [dl.UNSHARDED_WARNING] if dup else []
 
     def _done(self, m: Measurement) -> None:
         """The window is full: report, then wait for the parent to end this process group."""
