@@ -81,13 +81,14 @@ def keyword_label(tokens: list[str], keywords: dict[str, int]) -> int:
 
 
 def make_corpus(root: str | os.PathLike[str], n_lines: int, seed: int = 0,
-                verbose: bool = True) -> Path:
-    """Write ``corpus_{n_lines}.tsv`` (``label<TAB>sentence`` lines) under ``root``, once.
+                mean_words: int = 14, max_words: int = 60, verbose: bool = True) -> Path:
+    """Write a corpus of ``label<TAB>sentence`` lines under ``root``, once; return its path.
 
-    Deterministic for a given ``n_lines`` and ``seed``; an existing file is reused.
+    Lines have ``4 + Exp(mean_words)`` words (at most ``max_words``), plus keywords.
+    Deterministic for given arguments; an existing file is reused.
     """
     root = Path(root).expanduser()
-    path = root / f"corpus_{n_lines}_{seed}.tsv"
+    path = root / f"corpus_{n_lines}_s{seed}_w{mean_words}-{max_words}.tsv"
     if path.exists():
         return path
     start = time.perf_counter()
@@ -96,12 +97,12 @@ def make_corpus(root: str | os.PathLike[str], n_lines: int, seed: int = 0,
     keywords = words[:N_CLASSES * KEYWORDS_PER_CLASS]
     filler = words[N_CLASSES * KEYWORDS_PER_CLASS:]
     # Zipf-like word frequencies, so the vocabulary has a long tail of rare words.
-    weights = [1.0 / (rank + 10) for rank in range(len(filler))]
+    cum_weights = list(itertools.accumulate(1.0 / (rank + 10) for rank in range(len(filler))))
     kw_class = {w: i // KEYWORDS_PER_CLASS for i, w in enumerate(keywords)}
     lines = []
     for _ in range(n_lines):
-        length = min(60, 4 + int(rng.expovariate(1 / 14)))
-        tokens = rng.choices(filler, weights, k=length)
+        length = min(max_words, 4 + int(rng.expovariate(1 / mean_words)))
+        tokens = rng.choices(filler, cum_weights=cum_weights, k=length)
         target = rng.randrange(N_CLASSES)
         mine = keywords[target * KEYWORDS_PER_CLASS:(target + 1) * KEYWORDS_PER_CLASS]
         for _ in range(rng.choice((1, 1, 2, 3))):

@@ -15,7 +15,7 @@ from typing import Any
 from torch.utils.data import DataLoader, Dataset
 
 from loadertune import analysis, hardware, store
-from loadertune.errors import ConfigError
+from loadertune.errors import ConfigError, SearchInterrupted
 from loadertune.hardware import Hardware
 from loadertune.search import Observer, Search, SearchOutcome, SearchSettings
 from loadertune.space import TUNED_KEYS, Config, check_max_workers, normalize_batch_sizes
@@ -518,3 +518,27 @@ def run_script(
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else 1)
     return 0
+
+
+def save_partial(
+    path: str | os.PathLike[str], interrupted: SearchInterrupted, *, force: bool = False
+) -> str | None:
+    """After an interrupted search, merge its best setting so far into ``path``, marked
+    ``"partial": true``. Returns the path, or None when no trial had finished."""
+    if not interrupted.best:
+        return None
+    hw = hardware.detect()
+    entry = {
+        **interrupted.best,
+        "partial": True,
+        "hardware": hw.to_dict(),
+        "measured_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "versions": hw.versions,
+        "search": {
+            "study_name": interrupted.study_name,
+            "storage": interrupted.storage,
+            "stop_reason": "interrupted",
+            "n_complete": interrupted.n_complete,
+        },
+    }
+    return str(store.save_entry(path, hw.key, entry, force=force))

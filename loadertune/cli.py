@@ -124,7 +124,17 @@ def cli() -> None:
 @click.option(
     "--study", "study_name", default=None, help="Study name (default: from script and args)."
 )
-@click.option("--fresh", is_flag=True, help="Start the study afresh instead of resuming it.")
+@click.option(
+    "--resume/--fresh",
+    default=True,
+    show_default=True,
+    help="Continue the study of an earlier (interrupted) search, or start it afresh.",
+)
+@click.option(
+    "--save-partial",
+    is_flag=True,
+    help="On Ctrl-C or SIGTERM, save the best setting so far (marked partial).",
+)
 @click.option(
     "--out",
     default="loadertune.json",
@@ -155,7 +165,8 @@ def search(
     loader: int | str | None,
     storage: str | None,
     study_name: str | None,
-    fresh: bool,
+    resume: bool,
+    save_partial: bool,
     out: str,
     force: bool,
     window_s: float | None,
@@ -184,7 +195,7 @@ def search(
                 max_workers=max_workers,
                 storage=storage,
                 study_name=study_name,
-                resume=not fresh,
+                resume=resume,
                 window_s=window_s,
                 seed=seed,
                 startup_timeout_s=startup_timeout_s,
@@ -193,6 +204,18 @@ def search(
         path = rec.save(out, force=force)
     except SearchInterrupted as exc:
         _err.print(f"[yellow]loadertune:[/] {exc}", highlight=False, soft_wrap=True)
+        if save_partial:
+            try:
+                saved = api.save_partial(out, exc, force=force)
+            except LoadertuneError as err:
+                _fail(err)
+            _err.print(
+                f"loadertune: the best setting so far saved to {saved}, marked partial"
+                if saved
+                else "loadertune: no setting finished; nothing saved",
+                highlight=False,
+                soft_wrap=True,
+            )
         sys.exit(143 if str(exc.__cause__) == "SIGTERM" else 130)
     except LoadertuneError as exc:
         _fail(exc)

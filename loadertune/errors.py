@@ -7,6 +7,8 @@ own bug, a recommendation file that cannot be read, an interrupted search.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class LoadertuneError(Exception):
     """Base class of every error loadertune raises on purpose."""
@@ -52,8 +54,17 @@ class SearchInterrupted(LoadertuneError, KeyboardInterrupt):
     Subclasses ``KeyboardInterrupt`` so that code which handles Ctrl-C keeps working.
     """
 
-    def __init__(self, message: str, *, study_name: str, storage: str, n_complete: int) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        study_name: str,
+        storage: str,
+        n_complete: int,
+        best: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(message)
         self.study_name = study_name
         self.storage = storage
         self.n_complete = n_complete
+        self.best = best  # the best setting so far: loader_kwargs, samples_per_s (None if none)

@@ -125,7 +125,7 @@ def format_exception(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
 
 
-def classify_text(text: str, *, where: str, detail: str = "") -> Failure:
+def classify_text(text: str, *, where: str, detail: str = "", num_workers: int = 0) -> Failure:
     """Classify an error from its text.
 
     Args:
@@ -133,12 +133,25 @@ def classify_text(text: str, *, where: str, detail: str = "") -> Failure:
         where: ``"loader"`` when it was raised by ``next()`` on the DataLoader, ``"step"`` when by
             the user's step, ``"script"`` when by a script outside both.
         detail: the full traceback, kept for the user.
+        num_workers: the trial's workers. With workers, the dataset's own exceptions arrive
+            wrapped ("Caught X in DataLoader worker N"); anything else from ``next()`` comes from
+            the hand-over between processes (an ``EOFError`` when a worker's end broke), which
+            is tuning data, not a dataset bug.
     """
     for kind, pattern, message, advice in _PATTERNS:
         if re.search(pattern, text):
             return Failure(kind, message, advice, detail=detail or text)
     if where == "loader":
         wrapped = _WORKER_WRAP.search(text)
+        if wrapped is None and num_workers > 0:
+            first = text.strip().splitlines()[0] if text.strip() else "an exception"
+            return Failure(
+                "worker_crashed",
+                f"receiving a batch from the DataLoader workers failed ({first[:120]})",
+                "a worker died or ran out of a resource; fewer workers or a smaller "
+                "prefetch_factor, and check `ulimit -n` and /dev/shm",
+                detail=detail or text,
+            )
         origin = (
             f"{wrapped.group(1)} in DataLoader worker {wrapped.group(2)}" if wrapped else "an error"
         )
@@ -182,9 +195,10 @@ def chain_text(exc: BaseException) -> str:
 
 
 def classify_exception(
-    exc: BaseException, *, where: str, worker_signals: tuple[int, ...] = ()
+    exc: BaseException, *, where: str, worker_signals: tuple[int, ...] = (), num_workers: int = 0
 ) -> Failure:
-    """Classify an exception raised inside a trial (see :func:`classify_text` for ``where``).
+    """Classify an exception raised inside a trial (see :func:`classify_text` for ``where`` and
+    ``num_workers``).
 
     Args:
         worker_signals: signals that killed the loader's workers, from their exit codes. The
@@ -202,7 +216,7 @@ def classify_exception(
     if isinstance(exc, OSError) and exc.errno == 24:  # EMFILE
         return classify_text("Too many open files", where=where, detail=detail)
     text = "\n".join([*(signal_text(s) for s in worker_signals), chain_text(exc)])
-    return classify_text(text, where=where, detail=detail)
+    return classify_text(text, where=where, detail=detail, num_workers=num_workers)
 
 
 def classify_exit(returncode: int, *, output: str = "") -> Failure:

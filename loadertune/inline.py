@@ -207,7 +207,7 @@ class InlineRunner:
         except Exception as exc:
             signals = dl.dead_worker_signals(meter.iterator) if meter is not None else ()
             result.failure = dog.failure or classify_exception(
-                exc, where=self._where, worker_signals=signals
+                exc, where=self._where, worker_signals=signals, num_workers=config.num_workers
             )
         finally:
             if meter is not None:
@@ -225,6 +225,8 @@ class InlineRunner:
                     torch.cuda.empty_cache()  # after an OOM, give the allocator a clean slate
                 if self.gpu_index is None:
                     self.gpu_index = dl.nvml_index_for_current_device()
+        if result.failure is not None:
+            result.failure = sup.explain(result.failure)
         result.bytes_per_sample = self.bytes_per_sample
         result.extra["warnings"] = warnings
         result.wall_s = time.perf_counter() - t0

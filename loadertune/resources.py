@@ -34,6 +34,8 @@ class ResourceUsage:
     worker_pss_bytes: int | None = None  # mean per worker, at the window's end
     worker_uss_growth_bytes_per_s: float | None = None  # sum over workers; >0 = copy-on-read
     rss_peak_bytes: int = 0  # highest RSS sum seen (an upper bound of real use)
+    max_open_files: int = 0  # most file descriptors one process of the tree held
+    open_files_limit: int | None = None  # RLIMIT_NOFILE of the trial's main process
     gpu_index: int | None = None
     gpu_util_percent: list[int] = field(default_factory=list)  # NVML samples in the window
 
@@ -82,6 +84,14 @@ def tree_pss(root_pid: int) -> int:
     except psutil.Error:
         return 0
     return sum(pss for pss, _ in _memory_full(procs).values())
+
+
+def _max_fds(procs: list[psutil.Process]) -> int:
+    most = 0
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            most = max(most, p.num_fds())
+    return most
 
 
 def _cpu_seconds(procs: list[psutil.Process]) -> dict[int, float]:
@@ -204,6 +214,9 @@ class ResourceSampler:
             procs = process_tree(self._root)
             rss = _sum_rss(procs)
             self.usage.rss_peak_bytes = max(self.usage.rss_peak_bytes, rss)
+            self.usage.max_open_files = max(self.usage.max_open_files, _max_fds(procs))
+            with contextlib.suppress(psutil.Error, AttributeError):  # a script may lower its own
+                self.usage.open_files_limit = self._root.rlimit(psutil.RLIMIT_NOFILE)[0]
             if self._budget is not None and rss > self._budget and self.budget_hit is None:
                 pss = sum(p for p, _ in _memory_full(procs).values())  # RSS overcounts; confirm
                 if pss > self._budget:

@@ -141,7 +141,10 @@ class ScriptRunner:
         phase: str = "search",
         should_stop: ShouldStop | None = None,
     ) -> TrialResult:
-        """Run one trial; ``config=None`` runs the script's own settings (the baseline)."""
+        """Run one trial; ``config=None`` runs the script's own settings (the baseline), which
+        also finds the loader to tune when no ``loader=`` was given."""
+        if config is not None and self.loader_info is None and not self.selector:
+            raise RuntimeError("run the baseline (config=None) first: it finds the loader to tune")
         t0 = time.perf_counter()
         chan, theirs = Channel.pair()
         log = Path(self._logdir.name) / "trial.log"
@@ -169,13 +172,17 @@ class ScriptRunner:
             )
         theirs.close()
         result = TrialResult(config or Config(1), phase=phase)
+        sup = Supervisor(proc.pid, limits=limits, should_stop=should_stop)
         try:
-            self._supervise(proc, chan, result, limits, should_stop, log)
+            with sup:
+                self._supervise(proc, chan, sup, result, limits, log)
         finally:
             chan.close()
             result.orphans_killed = kill_group(proc.pid)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5)
+        if result.failure is not None:
+            result.failure = sup.explain(result.failure, output=_tail(log))
         result.wall_s = time.perf_counter() - t0
         result.bytes_per_sample = self.bytes_per_sample
         return result
@@ -184,39 +191,37 @@ class ScriptRunner:
         self,
         proc: subprocess.Popen[bytes],
         chan: Channel,
+        sup: Supervisor,
         result: TrialResult,
         limits: Limits,
-        should_stop: ShouldStop | None,
         log: Path,
     ) -> None:
-        with Supervisor(proc.pid, limits=limits, should_stop=should_stop) as sup:
-            while True:
-                msg = chan.recv(timeout=0.1)
-                if msg is not None:
-                    if self._handle(msg, sup, chan, result, log):
-                        return
-                    continue
-                if chan.closed and proc.poll() is not None:
-                    result.failure = failures.classify_exit(proc.returncode, output=_tail(log))
+        while True:
+            msg = chan.recv(timeout=0.1)
+            if msg is not None:
+                if self._handle(msg, sup, chan, result, log):
                     return
-                expired = sup.expired()
-                if expired is not None:
-                    if (
-                        not sup.started
-                        and result.extra.get("loader") is None
-                        and expired.kind == "timeout"
-                    ):
-                        expired = Failure(
-                            "no_loader",
-                            f"the script did not iterate a DataLoader within "
-                            f"{limits.startup_s:.0f} s",
-                            "if it is slow to start, give a "
-                            "larger --budget; check that it iterates a DataLoader at all",
-                            user_bug=True,
-                            detail=_tail(log),
-                        )
-                    result.failure = expired
-                    return
+                continue
+            if chan.closed and proc.poll() is not None:
+                result.failure = failures.classify_exit(proc.returncode, output=_tail(log))
+                return
+            expired = sup.expired()
+            if expired is not None:
+                if (
+                    not sup.started
+                    and result.extra.get("loader") is None
+                    and expired.kind == "timeout"
+                ):
+                    expired = Failure(
+                        "no_loader",
+                        f"the script did not iterate a DataLoader within {limits.startup_s:.0f} s",
+                        "if it is slow to start, give a "
+                        "larger --budget; check that it iterates a DataLoader at all",
+                        user_bug=True,
+                        detail=_tail(log),
+                    )
+                result.failure = expired
+                return
 
     def _handle(
         self, msg: dict[str, Any], sup: Supervisor, chan: Channel, result: TrialResult, log: Path
@@ -252,7 +257,12 @@ class ScriptRunner:
             return msg.get("complete", True)  # a partial result is followed by "ended"
         elif kind == "failure":
             detail = f"{msg['traceback']}\n--- script output (tail) ---\n{_tail(log)}"
-            failure = failures.classify_text(msg["text"], where=msg["where"], detail=detail)
+            failure = failures.classify_text(
+                msg["text"],
+                where=msg["where"],
+                detail=detail,
+                num_workers=msg.get("num_workers", 0),
+            )
             if failure.kind == "script_error":
                 failure = Failure(
                     "script_error",

@@ -256,6 +256,7 @@ def main() -> None:
                 {
                     "t": "failure",
                     "where": "loader" if in_loader else "script",
+                    "num_workers": controller.loader.num_workers if controller.loader else 0,
                     "text": "\n".join(
                         [*map(failures.signal_text, signals), failures.chain_text(exc)]
                     ),

@@ -701,6 +701,13 @@ class Search:
                     self._open.set_user_attr("error", "interrupted")
                     study.tell(self._open, state=TrialState.FAIL)
                 n = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+                best = None
+                if self.best is not None:
+                    best = {
+                        "loader_kwargs": self.best.params,
+                        "samples_per_s": self.best.samples_per_s,
+                        "epoch_samples_per_s": self.best.epoch_samples_per_s,
+                    }
                 raise SearchInterrupted(
                     f"search interrupted; {n} completed trials are kept in study "
                     f"{self.settings.study_name!r} ({self.storage}); "
@@ -708,6 +715,7 @@ class Search:
                     study_name=self.settings.study_name,
                     storage=self.storage,
                     n_complete=n,
+                    best=best,
                 ) from exc
             except UserCodeError:
                 if self._open is not None:

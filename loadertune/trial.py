@@ -10,6 +10,7 @@ bad setting: it returns a :class:`TrialResult` with a ``failure``.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable
@@ -240,6 +241,30 @@ class Supervisor:
         """Take the end-of-window snapshot; call while the workers are still alive."""
         self.usage = self.sampler.window_ended()
         return self.usage
+
+    def explain(self, failure: Failure, output: str = "") -> Failure:
+        """A sharper cause for a vague failure, from what the sampler saw.
+
+        A worker that runs out of file descriptors dies in its feeder thread and the loop just
+        waits: the hang is really "too many open files" when the tree came near RLIMIT_NOFILE or
+        the trial's output says so.
+        """
+        if failure.kind not in ("timeout", "worker_crashed", "trial_crashed"):
+            return failure
+        usage = self.sampler.usage
+        near_limit = bool(usage.open_files_limit) and usage.max_open_files >= 0.9 * (
+            usage.open_files_limit or 0
+        )
+        if near_limit or "Too many open files" in output:
+            found = failures.classify_text(
+                "Too many open files", where="loader", detail=failure.detail or output
+            )
+            return dataclasses.replace(
+                found,
+                message=f"{found.message} ({usage.max_open_files} "
+                f"open of a limit of {usage.open_files_limit})",
+            )
+        return failure
 
     def expired(self) -> Failure | None:
         """The reason to stop the trial now, or None."""

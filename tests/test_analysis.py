@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 from torch.utils.data import Dataset
-from workloads import SleepDataset, TensorDataset, sleep_step
 
 from loadertune import tune_loader
 from loadertune.analysis import (
@@ -22,6 +21,8 @@ from loadertune.probe import Estimates
 from loadertune.resources import ResourceUsage
 from loadertune.space import Config
 from loadertune.trial import TrialResult
+
+from workloads import SleepDataset, TensorDataset, sleep_step
 
 
 def _ok(rate: float, blocked: float, gpu: list[int] | None = None) -> TrialResult:

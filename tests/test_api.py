@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 from torch.utils.data import DataLoader
-from workloads import FaultDataset, SleepDataset, TensorDataset
 
 from loadertune import (
     ConfigError,
@@ -16,6 +15,8 @@ from loadertune import (
     tune_loader,
 )
 from loadertune.hardware import current_key
+
+from workloads import FaultDataset, SleepDataset, TensorDataset
 
 
 def tune(dataset, **kw) -> Recommendation:

@@ -7,11 +7,12 @@ from typing import ClassVar
 
 import pytest
 import torch
-from workloads import FaultDataset, SleepDataset, TensorDataset, sleep_step
 
 from loadertune.inline import InlineRunner
 from loadertune.space import Config
 from loadertune.trial import Limits, window_for
+
+from workloads import FaultDataset, SleepDataset, TensorDataset, sleep_step
 
 pytestmark = pytest.mark.slow
 

@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
-from workloads import TensorDataset
 
 from loadertune.patch import Apply, LoaderRecord, apply_settings, matches_site, patched
 from loadertune.space import Config
+
+from workloads import TensorDataset
 
 
 class Recorder:

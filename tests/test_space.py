@@ -7,7 +7,6 @@ import random
 
 import pytest
 from torch.utils.data import DataLoader
-from workloads import TensorDataset
 
 from loadertune.errors import ConfigError
 from loadertune.space import (
@@ -21,6 +20,8 @@ from loadertune.space import (
     normalize_batch_sizes,
     worker_cap,
 )
+
+from workloads import TensorDataset
 
 MIB = 2**20
 

@@ -4,8 +4,9 @@ import os
 import signal
 
 import torch
-from _data import Latency
 from torch.utils.data import DataLoader, get_worker_info
+
+from _data import Latency
 
 
 class Fragile(Latency):

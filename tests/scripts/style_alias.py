@@ -1,4 +1,5 @@
 import torch.utils.data as tud
+
 from _data import Latency
 
 loader = tud.DataLoader(Latency(), batch_size=16)

@@ -1,7 +1,8 @@
 import sys
 
-from _data import Latency
 from torch.utils.data import DataLoader
+
+from _data import Latency
 
 assert __name__ == "__main__"
 if __name__ == "__main__":

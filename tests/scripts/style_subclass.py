@@ -1,5 +1,6 @@
-from _data import Latency
 from torch.utils.data import DataLoader
+
+from _data import Latency
 
 
 class MyLoader(DataLoader):

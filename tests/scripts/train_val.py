@@ -2,8 +2,9 @@
 iterated first."""
 
 import torch
-from _data import Latency
 from torch.utils.data import DataLoader
+
+from _data import Latency
 
 val = DataLoader(Latency(n=512, sleep_s=0.0), batch_size=64)
 train = DataLoader(Latency(), batch_size=16, shuffle=True, num_workers=1)

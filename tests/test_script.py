@@ -1,0 +1,111 @@
+"""Script trials, each failure produced for real; the autouse fixture checks no process survives."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from loadertune.errors import ConfigError
+from loadertune.resources import tree_pss
+from loadertune.script import ScriptRunner, check_script, kill_group
+from loadertune.space import Config
+from loadertune.trial import Limits, window_for
+
+SCRIPTS = Path(__file__).parent / "scripts"
+pytestmark = pytest.mark.slow
+
+
+def run(
+    script: str,
+    config: Config | None,
+    *,
+    limits: Limits | None = None,
+    phase: str = "search",
+    window_s: float = 0.3,
+    should_stop=None,
+):
+    runner = ScriptRunner(SCRIPTS / script, loader=None if config is None else 1)
+    try:
+        return runner.run(
+            config,
+            window=window_for(config or Config(1), window_s=window_s),
+            limits=limits or Limits(timeout_s=60, startup_s=30, hang_s=5),
+            phase=phase,
+            should_stop=should_stop,
+        )
+    finally:
+        runner.close()
+
+
+def test_the_scripts_own_settings_are_measured() -> None:
+    result = run("train_val.py", None, phase="baseline")
+    assert result.ok, result.failure
+    assert result.config == Config(16, 1, 2)  # learnt from the script
+    assert result.extra["loader"]["index"] == 2
+    assert result.resources is not None and result.resources.n_workers == 1
+    assert result.orphans_killed == 0
+
+
+def test_running_out_of_file_descriptors_is_named() -> None:
+    limits = Limits(timeout_s=60, startup_s=30, hang_s=4)
+    result = run("fd_limited.py", Config(4, 4, 8), limits=limits)
+    assert result.error == "too_many_files", result.failure
+    assert "ulimit -n" in result.failure.advice  # type: ignore[union-attr]
+
+
+def test_the_trial_process_killed_mid_trial_leaves_no_worker() -> None:
+    t0 = time.monotonic()
+    result = run("kills_parent.py", Config(16, 2, 2))
+    assert result.error == "host_oom", result.failure
+    assert "killed" in result.failure.message  # type: ignore[union-attr]
+    assert time.monotonic() - t0 < 30
+    assert run("kills_parent.py", Config(16, 1, 2)).ok  # one worker: no kill
+
+
+def test_a_hung_step_times_out() -> None:
+    t0 = time.monotonic()
+    limits = Limits(timeout_s=60, startup_s=30, hang_s=2)
+    result = run("hangs_in_step.py", Config(16), limits=limits)
+    assert result.error == "timeout"
+    assert time.monotonic() - t0 < 20
+
+
+def test_memory_budget_stops_a_script_trial() -> None:
+    budget = 600 * 2**20
+    result = run(
+        "hog.py",
+        Config(8, 2, 2),
+        window_s=30,
+        limits=Limits(timeout_s=60, startup_s=30, hang_s=10, memory_budget_bytes=budget),
+    )
+    assert result.error == "memory_budget", result.failure
+    assert tree_pss(1) >= 0  # (the trial's tree is gone; nothing to measure)
+
+
+def test_a_clearly_worse_trial_is_pruned_mid_window() -> None:
+    result = run("style_alias.py", Config(16), window_s=2.0, should_stop=lambda i, rate: i >= 0)
+    assert result.pruned and result.measurement is not None
+    assert result.measurement.window_s < 1.5
+
+
+@pytest.mark.parametrize("loader", [0, -1, "train.py", "train.py:x"])
+def test_bad_loader_selectors(loader) -> None:
+    with pytest.raises(ConfigError, match="loader must be"):
+        ScriptRunner(SCRIPTS / "short.py", loader=loader)
+
+
+def test_check_script_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        check_script(tmp_path / "nope.py")
+    with pytest.raises(ConfigError, match="not a file"):
+        check_script(tmp_path)
+    binary = tmp_path / "model.pt"
+    binary.write_bytes(b"\x80\x02\x00\x00binary")
+    with pytest.raises(ConfigError, match="not"):
+        check_script(binary)
+
+
+def test_kill_group_of_a_finished_group_is_harmless() -> None:
+    assert kill_group(2**22 - 7) == 0  # no such group
