@@ -216,6 +216,29 @@ def test_help_on_every_command() -> None:
         assert proc.returncode == 0 and "Usage:" in proc.stdout
 
 
+def _start_and_wait(args: list[str], study_name: str, n_complete: int = 3) -> subprocess.Popen[str]:
+    """Start `loadertune ARGS` and return once its study holds ``n_complete`` finished trials."""
+    import optuna
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loadertune", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    storage = f"sqlite:///{Path(os.environ['LOADERTUNE_CACHE_DIR']) / 'studies.db'}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(1.0)
+        try:
+            study = optuna.load_study(study_name=study_name, storage=storage)
+        except KeyError:
+            continue
+        if sum(t.state.name == "COMPLETE" for t in study.trials) >= n_complete:
+            break
+    return proc
+
+
 @pytest.mark.slow
 def test_ctrl_c_keeps_the_study_and_the_file_and_resumes(tmp_path: Path) -> None:
     out = tmp_path / "rec.json"
@@ -232,24 +255,7 @@ def test_ctrl_c_keeps_the_study_and_the_file_and_resumes(tmp_path: Path) -> None
         "ctrl-c",
         "--json",
     ]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "loadertune", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 60
-    storage = Path(os.environ["LOADERTUNE_CACHE_DIR"]) / "studies.db"
-    import optuna
-
-    while time.monotonic() < deadline:  # wait for a few completed trials
-        time.sleep(1.0)
-        try:
-            study = optuna.load_study(study_name="ctrl-c", storage=f"sqlite:///{storage}")
-            if sum(t.state.name == "COMPLETE" for t in study.trials) >= 3:
-                break
-        except KeyError:
-            continue
+    proc = _start_and_wait(args, "ctrl-c")
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err[-2000:]
@@ -259,3 +265,32 @@ def test_ctrl_c_keeps_the_study_and_the_file_and_resumes(tmp_path: Path) -> None
     data = summary(again)
     assert data["search"]["n_previous_trials"] >= 3
     assert "probe" not in [t["phase"] for t in data["trials"]]
+
+
+@pytest.mark.slow
+def test_sigterm_saves_the_best_so_far_when_asked(tmp_path: Path) -> None:
+    out = tmp_path / "rec.json"
+    store.save_entry(out, "another-box", _entry(8))
+    args = [
+        "search",
+        str(SCRIPTS / "style_alias.py"),
+        "--out",
+        str(out),
+        "--budget",
+        "120",
+        "--window",
+        "0.3",
+        "--study",
+        "sigterm",
+        "--fresh",
+        "--save-partial",
+    ]
+    proc = _start_and_wait(args, "sigterm")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143, err[-2000:]
+    assert "marked partial" in err
+    machines = json.loads(out.read_text())["machines"]
+    assert machines["another-box"]["loader_kwargs"]["num_workers"] == 8  # still there
+    mine = machines[hardware.current_key()]
+    assert mine["partial"] is True and mine["loader_kwargs"]["batch_size"] == 16
