@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from loadertune import nvml
-from loadertune.meter import fixed_count, structure_count, structure_counter
+from loadertune.meter import FixedCount, structure_count, structure_counter
 from loadertune.space import Config
 
 WORKER_COUNT_WARNING = r"This DataLoader will create \d+ worker processes"
@@ -51,7 +51,7 @@ def sample_counter(loader: DataLoader[Any]) -> Callable[[Any, int], int]:
     """Count samples per batch: arithmetic for a regular batch sampler, else the batch's shape."""
     if isinstance(loader.dataset, IterableDataset) or loader.batch_size is None:
         return structure_counter
-    return fixed_count(loader.batch_size, epoch_samples(loader), loader.drop_last)
+    return FixedCount(loader.batch_size, epoch_samples(loader), loader.drop_last)
 
 
 def settings_of(loader: DataLoader[Any]) -> Config:

@@ -3,7 +3,7 @@
 :class:`Meter` is an iterator proxy. Whatever loop consumes it (loadertune's own in
 ``tune_loader``, or an unmodified script's ``for batch in loader:``) is measured the same way::
 
-    meter = Meter(WindowSpec(warmup_batches=9, window_s=1.5), count=fixed_count(64))
+    meter = Meter(WindowSpec(warmup_batches=9, window_s=1.5), count=FixedCount(64))
     for batch in meter.wrap(loader):
         step(batch)            # the time until the next next() call is the step's
     meter.result().samples_per_s
@@ -126,19 +126,22 @@ def structure_count(batch: Any) -> int:
     return 1
 
 
-def fixed_count(
-    batch_size: int, epoch_samples: int | None = None, drop_last: bool = False
-) -> Callable[[Any, int], int]:
-    """Exact count for a regular batch sampler: ``batch_size``, but an epoch's short last one."""
-    last = None
-    n_full = None
-    if epoch_samples is not None and not drop_last and epoch_samples % batch_size:
-        n_full, last = divmod(epoch_samples, batch_size)
+class FixedCount:
+    """Exact count for a regular batch sampler: ``batch_size``, but an epoch's short last batch.
 
-    def count(batch: Any, index_in_epoch: int) -> int:
-        return last if (last is not None and index_in_epoch == n_full) else batch_size
+    A class rather than a closure so the meter can read it inline on its hot path.
+    """
 
-    return count
+    def __init__(
+        self, batch_size: int, epoch_samples: int | None = None, drop_last: bool = False
+    ) -> None:
+        self.batch_size = batch_size
+        self.short_at, self.short = -1, batch_size  # index in the epoch of the short batch
+        if epoch_samples is not None and not drop_last and epoch_samples % batch_size:
+            self.short_at, self.short = divmod(epoch_samples, batch_size)
+
+    def __call__(self, batch: Any, index_in_epoch: int) -> int:
+        return self.short if index_in_epoch == self.short_at else self.batch_size
 
 
 def structure_counter(batch: Any, index_in_epoch: int) -> int:
@@ -149,6 +152,7 @@ def structure_counter(batch: Any, index_in_epoch: int) -> int:
 # The meter
 
 _FIRST, _WARMUP, _OPENING, _WINDOW, _DONE = range(5)
+_now = time.perf_counter
 
 
 class Meter:
@@ -179,12 +183,14 @@ class Meter:
     ) -> None:
         self.spec = spec
         self._count = count
+        # The hot path counts inline for a fixed batch size; CPU timing takes the general path.
+        self._fixed = count if isinstance(count, FixedCount) and not measure_cpu else None
         self._sink: Sink = sink or NullSink()
         self._sync = sync
         self._measure_cpu = measure_cpu
         self._beat_s = beat_s
         self._on_done = on_done
-        self._clock = time.perf_counter
+        self._clock = _now
         self._it: Iterator[Any] | None = None
         self._phase = _FIRST
         self._result: Measurement | None = None
@@ -239,7 +245,37 @@ class Meter:
         return self._phase == _WINDOW
 
     def __next__(self) -> Any:
-        t0 = self._clock()
+        t0 = _now()
+        if (
+            self._phase != _WINDOW
+            or t0 >= self._sub_end
+            or t0 - self._last_beat >= self._beat_s
+            or self._index_in_epoch == 0
+            or self._fixed is None
+        ):
+            return self._next(t0)
+        # The hot path, a batch inside the window: two clock reads and four additions.
+        try:
+            batch = next(self._it)  # type: ignore[arg-type]
+        except StopIteration:
+            self._paused_at = t0
+            raise
+        except BaseException:
+            self.failed_in_next = True
+            raise
+        t1 = _now()
+        index = self._index_in_epoch
+        self._index_in_epoch = index + 1
+        self._w_blocked += t1 - t0
+        fixed = self._fixed
+        n = fixed.short if index == fixed.short_at else fixed.batch_size
+        self._w_samples += n
+        self._sub_samples += n
+        self._w_batches += 1
+        return batch
+
+    def _next(self, t0: float) -> Any:
+        """Every other batch: phases, epoch starts, heartbeats, sub-window boundaries."""
         if self._phase == _OPENING:
             t0 = self._open_window(t0)
         elif self._phase == _WINDOW and t0 >= self._sub_end:

@@ -202,6 +202,10 @@ class ResourceSampler:
         return u
 
     def _run(self) -> None:
+        # Finding the tree scans every process of the machine and counting descriptors lists
+        # directories: both once a second. The budget check reads one small file per process.
+        procs: list[psutil.Process] = []
+        tick = 0
         while True:
             self._wake.wait(self._interval_s)
             self._wake.clear()
@@ -211,12 +215,15 @@ class ResourceSampler:
                 self._want_start.clear()
                 procs = process_tree(self._root)
                 self._start = _Snapshot(time.monotonic(), _cpu_seconds(procs), _memory_full(procs))
-            procs = process_tree(self._root)
+            slow = tick % max(1, round(1.0 / self._interval_s)) == 0
+            tick += 1
+            if slow or not procs:
+                procs = process_tree(self._root)
+                self.usage.max_open_files = max(self.usage.max_open_files, _max_fds(procs))
+                with contextlib.suppress(psutil.Error, AttributeError):  # a script may lower it
+                    self.usage.open_files_limit = self._root.rlimit(psutil.RLIMIT_NOFILE)[0]
             rss = _sum_rss(procs)
             self.usage.rss_peak_bytes = max(self.usage.rss_peak_bytes, rss)
-            self.usage.max_open_files = max(self.usage.max_open_files, _max_fds(procs))
-            with contextlib.suppress(psutil.Error, AttributeError):  # a script may lower its own
-                self.usage.open_files_limit = self._root.rlimit(psutil.RLIMIT_NOFILE)[0]
             if self._budget is not None and rss > self._budget and self.budget_hit is None:
                 pss = sum(p for p, _ in _memory_full(procs).values())  # RSS overcounts; confirm
                 if pss > self._budget:

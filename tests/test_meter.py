@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from loadertune.meter import (
+    FixedCount,
     Measurement,
     Meter,
     WindowSpec,
-    fixed_count,
     structure_count,
 )
 
@@ -59,16 +59,16 @@ def test_structure_count_finds_the_leading_dimension() -> None:
 
 
 def test_fixed_count_gives_the_short_last_batch() -> None:
-    count = fixed_count(32, epoch_samples=100)
+    count = FixedCount(32, epoch_samples=100)
     assert [count(None, i) for i in range(4)] == [32, 32, 32, 4]
     assert count(None, 4) == 32  # past the epoch: a new epoch's first batch
-    assert fixed_count(32, epoch_samples=100, drop_last=True)(None, 3) == 32
+    assert FixedCount(32, epoch_samples=100, drop_last=True)(None, 3) == 32
 
 
 def test_phases_and_counts() -> None:
     rec = Recorder()
     meter = Meter(
-        WindowSpec(warmup_batches=3, window_s=0.2, n_sub_windows=2), sink=rec, count=fixed_count(8)
+        WindowSpec(warmup_batches=3, window_s=0.2, n_sub_windows=2), sink=rec, count=FixedCount(8)
     )
     m = run_loop(meter, slow_batches(10_000, 0.002))
     assert rec.events[:2] == ["first_batch", "window_start"]
@@ -82,7 +82,7 @@ def test_phases_and_counts() -> None:
 
 def test_blocked_fraction_separates_loading_from_the_step() -> None:
     """Loading 6 ms and a 2 ms step: blocked about 3/4; the exact value varies on a busy box."""
-    meter = Meter(WindowSpec(warmup_batches=1, window_s=0.3), count=fixed_count(8))
+    meter = Meter(WindowSpec(warmup_batches=1, window_s=0.3), count=FixedCount(8))
     m = run_loop(meter, slow_batches(10_000, 0.006), step_s=0.002)
     assert 0.55 < m.blocked_fraction < 0.95
     assert m.step_s_per_batch > 0.001
@@ -97,7 +97,7 @@ def test_warmup_batches_are_not_measured() -> None:
                 time.sleep(0.004)
             yield torch.zeros(8, 1)
 
-    meter = Meter(WindowSpec(warmup_batches=5, window_s=0.2), count=fixed_count(8))
+    meter = Meter(WindowSpec(warmup_batches=5, window_s=0.2), count=FixedCount(8))
     m = run_loop(meter, batches())
     per_batch = m.window_s / m.n_batches
     assert per_batch > 0.003  # no instant batch inside the window
@@ -113,7 +113,7 @@ def test_cpu_share_of_loading() -> None:
 
 def test_gaps_between_epochs_are_excluded() -> None:
     """Time the loop spends between epochs (validation) is not part of the window."""
-    meter = Meter(WindowSpec(warmup_batches=1, window_s=0.3), count=fixed_count(8))
+    meter = Meter(WindowSpec(warmup_batches=1, window_s=0.3), count=FixedCount(8))
     t0 = time.perf_counter()
     while not meter.done:
         for _ in meter.wrap(list(torch.zeros(6, 8, 1))):  # 6 batches per epoch, instant
@@ -166,3 +166,22 @@ def test_failed_in_next_tells_loader_errors_from_step_errors() -> None:
 def test_iterating_before_wrap_is_an_error() -> None:
     with pytest.raises(RuntimeError, match="wrap"):
         next(Meter(WindowSpec(0, 1.0)))
+
+
+def test_hot_path_and_general_path_count_the_same() -> None:
+    """Epochs of 100 samples at batch 32 (a short batch of 4 each epoch), measured fast and slow."""
+
+    def epochs() -> list[torch.Tensor]:
+        return [torch.zeros(32 if i < 3 else 4, 1) for i in range(4)]
+
+    def measure(count) -> Measurement:  # type: ignore[no-untyped-def]
+        meter = Meter(WindowSpec(warmup_batches=0, window_s=0.2), count=count)
+        while not meter.done:
+            for _ in meter.wrap(epochs()):
+                time.sleep(0.0005)
+        return meter.result()
+
+    fast = measure(FixedCount(32, epoch_samples=100))
+    general = measure(lambda batch, index: structure_count(batch))
+    for m in (fast, general):
+        assert m.n_samples / m.n_batches == pytest.approx(100 / 4, rel=0.1)
