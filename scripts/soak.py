@@ -1,0 +1,112 @@
+"""Many back-to-back trials: the driver's memory and open files must not grow.
+
+Runs trials in a loop (in-process trials over a real multi-worker loader, a share of them
+failing with a killed worker, plus script trials in fresh process groups) and prints, every
+--every trials, the driver process's USS, open file descriptors, threads and live children.
+The last line compares the end with the first checkpoint (taken after a warm-up, since the
+first trials load libraries and fill caches).
+
+    python scripts/soak.py [--trials 300] [--script-trials 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import torch
+from torch.utils.data import Dataset, get_worker_info
+
+from loadertune.inline import InlineRunner
+from loadertune.script import ScriptRunner
+from loadertune.space import Config
+from loadertune.trial import Limits, window_for
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Flaky(Dataset):
+    """Cheap samples; a worker SIGKILLs itself when there are 3 or more workers."""
+
+    def __len__(self) -> int:
+        return 100_000
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        info = get_worker_info()
+        if info is not None and info.num_workers >= 3 and i > 200:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return torch.full((16,), float(i))
+
+
+def snapshot() -> dict[str, float]:
+    me = psutil.Process()
+    return {
+        "uss_mib": me.memory_full_info().uss / 2**20,
+        "fds": me.num_fds(),
+        "threads": me.num_threads(),
+        "children": len(me.children(recursive=True)),
+    }
+
+
+def show(label: str, snap: dict[str, float]) -> None:
+    print(
+        f"{label:>22} {snap['uss_mib']:>9.1f} {snap['fds']:>6.0f} {snap['threads']:>8.0f} "
+        f"{snap['children']:>9.0f}",
+        flush=True,
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--trials", type=int, default=300)
+    ap.add_argument("--script-trials", type=int, default=40)
+    ap.add_argument("--every", type=int, default=50)
+    ap.add_argument("--warmup", type=int, default=20)
+    args = ap.parse_args()
+    limits = Limits(timeout_s=60, startup_s=30, hang_s=5)
+    configs = [
+        Config(32),
+        Config(32, 1, 2),
+        Config(32, 2, 4, persistent_workers=True),
+        Config(32, 4, 2),
+    ]  # the last one fails: a worker is killed
+    runner = InlineRunner(Flaky())
+    print(f"{'after trial':>22} {'USS MiB':>9} {'fds':>6} {'threads':>8} {'children':>9}")
+    first = None
+    failed = 0
+    t0 = time.monotonic()
+    for i in range(1, args.trials + 1):
+        config = configs[i % len(configs)]
+        result = runner.run(config, window=window_for(config, window_s=0.05), limits=limits)
+        failed += result.failure is not None
+        if i == args.warmup:
+            first = snapshot()
+            show(f"{i} (reference)", first)
+        elif i % args.every == 0:
+            show(str(i), snapshot())
+    script = ScriptRunner(ROOT / "tests" / "scripts" / "style_alias.py", loader=1)
+    for i in range(1, args.script_trials + 1):
+        config = configs[i % 3]
+        result = script.run(config, window=window_for(config, window_s=0.05), limits=limits)
+        failed += result.failure is not None
+    script.close()
+    last = snapshot()
+    show(f"+{args.script_trials} script trials", last)
+    assert first is not None
+    print(
+        f"\n{args.trials} in-process + {args.script_trials} script trials in "
+        f"{time.monotonic() - t0:.0f} s, {failed} failed as designed; from trial "
+        f"{args.warmup} to the end: USS {last['uss_mib'] - first['uss_mib']:+.1f} MiB, "
+        f"fds {last['fds'] - first['fds']:+.0f}, threads {last['threads'] - first['threads']:+.0f}, "
+        f"children now {last['children']:.0f}"
+    )
+    sys.exit(0 if last["children"] == 0 and last["fds"] <= first["fds"] + 2 else 1)
+
+
+if __name__ == "__main__":
+    main()
