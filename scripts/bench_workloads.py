@@ -122,8 +122,9 @@ IMAGE_COUNT, IMAGE_SIZE, IMAGE_CROP = 8000, 128, 96
 
 def make_image_dataset() -> Dataset:
     ti = train_images
-    root = ti.make_image_folder(cache_dir() / f"bench-images-{IMAGE_COUNT}-{IMAGE_SIZE}",
-                                IMAGE_COUNT, IMAGE_SIZE)
+    root = ti.make_image_folder(
+        cache_dir() / f"bench-images-{IMAGE_COUNT}-{IMAGE_SIZE}", IMAGE_COUNT, IMAGE_SIZE
+    )
     paths, labels = ti.list_images(root)
     return ti.ImageFolderDataset(paths, labels, crop=IMAGE_CROP, train=True)
 
@@ -132,9 +133,14 @@ class TinyCNN(nn.Module):
     def __init__(self, n_classes: int = 10) -> None:
         super().__init__()
         self.net = nn.Sequential(
-            nn.Conv2d(3, 8, 5, stride=4, padding=2), nn.ReLU(),   # 96 -> 24
-            nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.ReLU(),  # 24 -> 12
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, n_classes))
+            nn.Conv2d(3, 8, 5, stride=4, padding=2),
+            nn.ReLU(),  # 96 -> 24
+            nn.Conv2d(8, 16, 3, stride=2, padding=1),
+            nn.ReLU(),  # 24 -> 12
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(16, n_classes),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
@@ -158,6 +164,7 @@ class ImageStep(_Step):
 # ---------------------------------------------------------------------------------------------
 # b. io_latency: waiting, not computing
 # ---------------------------------------------------------------------------------------------
+
 
 class LatencyDataset(Dataset):
     """Each sample waits ``latency_s`` (a remote read), then returns a small tensor."""
@@ -205,6 +212,7 @@ def make_latency_dataset() -> Dataset:
 # c. tiny_tensors: in-memory rows, nothing to parallelize
 # ---------------------------------------------------------------------------------------------
 
+
 class RowsDataset(Dataset):
     """Rows of an in-memory feature matrix and their labels (deterministic, from a seed)."""
 
@@ -246,8 +254,7 @@ class EmbeddingBagClassifier(nn.Module):
 
     def __init__(self, n_ids: int, dim: int = 64, n_classes: int = 4) -> None:
         super().__init__()
-        self.bag = nn.EmbeddingBag(n_ids, dim, mode="mean", padding_idx=train_text.PAD,
-                                   sparse=True)
+        self.bag = nn.EmbeddingBag(n_ids, dim, mode="mean", padding_idx=train_text.PAD, sparse=True)
         self.fc = nn.Linear(dim, n_classes)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -279,14 +286,21 @@ class TextStep(_Step):
 # e. cpu_step_competes: costly samples and a multi-threaded CPU step share the cores
 # ---------------------------------------------------------------------------------------------
 
+
 class SpectrumDataset(Dataset):
     """Synthesizes signal ``index`` (class-dependent tones + noise) and returns STFT features.
 
     About 0.15 ms of numpy per sample (random numbers, framing, FFT, log, statistics).
     """
 
-    def __init__(self, n: int = 50_000, length: int = 4096, frame: int = 256, hop: int = 128,
-                 n_classes: int = 10) -> None:
+    def __init__(
+        self,
+        n: int = 50_000,
+        length: int = 4096,
+        frame: int = 256,
+        hop: int = 128,
+        n_classes: int = 10,
+    ) -> None:
         self.n, self.length, self.frame, self.hop, self.n_classes = n, length, frame, hop, n_classes
         self.window = np.hanning(frame).astype(np.float32)
         self.t = np.arange(length, dtype=np.float32)
@@ -303,7 +317,7 @@ class SpectrumDataset(Dataset):
         rng = np.random.default_rng(index)
         freq = 0.01 + 0.02 * label + rng.normal(0, 0.002)
         x = np.sin(2 * np.pi * freq * self.t) + rng.standard_normal(self.length, dtype=np.float32)
-        frames = np.lib.stride_tricks.sliding_window_view(x, self.frame)[::self.hop] * self.window
+        frames = np.lib.stride_tricks.sliding_window_view(x, self.frame)[:: self.hop] * self.window
         spec = np.log1p(np.abs(np.fft.rfft(frames, axis=1))).astype(np.float32)
         return torch.from_numpy(np.concatenate([spec.mean(0), spec.std(0)])), label
 
@@ -347,8 +361,8 @@ WORKLOADS: list[Workload] = [
     Workload(
         name="image_decode_augment",
         description=f"{IMAGE_COUNT} JPEGs ({IMAGE_SIZE}px) decoded with PIL, random resized crop "
-                    f"to {IMAGE_CROP}, flip, colour jitter; a tiny CNN step. CPU-bound loading: "
-                    "best with about as many workers as CPUs.",
+        f"to {IMAGE_CROP}, flip, colour jitter; a tiny CNN step. CPU-bound loading: "
+        "best with about as many workers as CPUs.",
         make_dataset=make_image_dataset,
         step=ImageStep(),
         batch_size=32,
@@ -357,7 +371,7 @@ WORKLOADS: list[Workload] = [
     Workload(
         name="io_latency",
         description="Each sample sleeps 1 ms (network or disk latency) and returns 64 floats; a "
-                    "linear step. Waiting, not computing: best with many more workers than CPUs.",
+        "linear step. Waiting, not computing: best with many more workers than CPUs.",
         make_dataset=make_latency_dataset,
         step=LinearStep(),
         batch_size=32,
@@ -366,7 +380,7 @@ WORKLOADS: list[Workload] = [
     Workload(
         name="tiny_tensors",
         description="Rows of an in-memory 500k x 32 tensor, batch 256, a linear step. Loading is "
-                    "nearly free, so workers only add inter-process costs: best in-process.",
+        "nearly free, so workers only add inter-process costs: best in-process.",
         make_dataset=make_rows_dataset,
         step=LinearStep(dim=32),
         batch_size=256,
@@ -375,8 +389,8 @@ WORKLOADS: list[Workload] = [
     Workload(
         name="text_padding",
         description=f"{TEXT_LINES} lines tokenized per sample (regex, vocabulary, hashed "
-                    "bigrams), padded per batch by collate_fn; an embedding model with Adam. The "
-                    "step dominates: one worker hides the loading, more only compete for CPU.",
+        "bigrams), padded per batch by collate_fn; an embedding model with Adam. The "
+        "step dominates: one worker hides the loading, more only compete for CPU.",
         make_dataset=make_text_dataset,
         step=TextStep(),
         batch_size=64,
@@ -386,8 +400,8 @@ WORKLOADS: list[Workload] = [
     Workload(
         name="cpu_step_competes",
         description="Per-sample signal synthesis + STFT features (numpy, ~0.15 ms) and an MLP "
-                    "step on torch's intra-op threads, of similar cost: workers and step share "
-                    "the cores, so few workers win.",
+        "step on torch's intra-op threads, of similar cost: workers and step share "
+        "the cores, so few workers win.",
         make_dataset=make_spectrum_dataset,
         step=MLPStep(),
         batch_size=64,

@@ -98,12 +98,12 @@ def main() -> None:
     last = snapshot()
     show(f"+{args.script_trials} script trials", last)
     assert first is not None
+    grew = {k: last[k] - first[k] for k in first}
     print(
         f"\n{args.trials} in-process + {args.script_trials} script trials in "
         f"{time.monotonic() - t0:.0f} s, {failed} failed as designed; from trial "
-        f"{args.warmup} to the end: USS {last['uss_mib'] - first['uss_mib']:+.1f} MiB, "
-        f"fds {last['fds'] - first['fds']:+.0f}, threads {last['threads'] - first['threads']:+.0f}, "
-        f"children now {last['children']:.0f}"
+        f"{args.warmup} to the end: USS {grew['uss_mib']:+.1f} MiB, fds {grew['fds']:+.0f}, "
+        f"threads {grew['threads']:+.0f}, children now {last['children']:.0f}"
     )
     sys.exit(0 if last["children"] == 0 and last["fds"] <= first["fds"] + 2 else 1)
 
