@@ -117,7 +117,7 @@ class _Step:
 # a. image_decode_augment: CPU-bound loading, small step
 # ---------------------------------------------------------------------------------------------
 
-IMAGE_COUNT, IMAGE_SIZE, IMAGE_CROP = 8000, 128, 96
+IMAGE_COUNT, IMAGE_SIZE, IMAGE_CROP = 6000, 192, 160
 
 
 def make_image_dataset() -> Dataset:
@@ -129,26 +129,41 @@ def make_image_dataset() -> Dataset:
     return ti.ImageFolderDataset(paths, labels, crop=IMAGE_CROP, train=True)
 
 
-class TinyCNN(nn.Module):
-    def __init__(self, n_classes: int = 10) -> None:
+class ThumbnailPatchNet(nn.Module):
+    """A tiny CNN on a thumbnail: every ``stride``-th pixel, cut in ``patch`` x ``patch`` patches
+    that a linear layer embeds (a convolution with stride = kernel, written as a reshape), ReLU,
+    mean over patches, linear head.
+
+    Every tensor it makes has fewer than 32768 elements, torch's grain size for intra-op
+    parallelism, so it never wakes the intra-op thread pool. On a 2-CPU machine a step that
+    does (a real convolution over the full crops) stalls for milliseconds per parallel region
+    while workers keep both CPUs busy; that effect belongs to ``cpu_step_competes``, and here
+    would hide the loader's optimum.
+    """
+
+    def __init__(
+        self, n_classes: int = 10, stride: int = 8, patch: int = 4, width: int = 32
+    ) -> None:
         super().__init__()
-        self.net = nn.Sequential(
-            nn.Conv2d(3, 8, 5, stride=4, padding=2),
-            nn.ReLU(),  # 96 -> 24
-            nn.Conv2d(8, 16, 3, stride=2, padding=1),
-            nn.ReLU(),  # 24 -> 12
-            nn.AdaptiveAvgPool2d(1),
-            nn.Flatten(),
-            nn.Linear(16, n_classes),
-        )
+        self.stride, self.patch = stride, patch
+        self.embed = nn.Linear(3 * patch * patch, width)
+        self.head = nn.Linear(width, n_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
+        t = x[:, :, :: self.stride, :: self.stride]
+        b, c, h, w = t.shape
+        k = self.patch
+        patches = (
+            t.reshape(b, c, h // k, k, w // k, k)
+            .permute(0, 2, 4, 1, 3, 5)
+            .reshape(b, (h // k) * (w // k), c * k * k)
+        )
+        return self.head(torch.relu(self.embed(patches)).mean(dim=1))
 
 
 class ImageStep(_Step):
     def build(self) -> tuple[nn.Module, torch.optim.Optimizer]:
-        model = TinyCNN()
+        model = ThumbnailPatchNet()
         return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
     def __call__(self, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
@@ -236,13 +251,18 @@ def make_rows_dataset() -> Dataset:
 # d. text_padding: tokenizing Dataset + padding collate; the step dominates
 # ---------------------------------------------------------------------------------------------
 
-TEXT_LINES = 50_000
+TEXT_LINES, TEXT_MEAN_WORDS = 60_000, 48
 # The corpus has 3000 words, numbers up to 1999 and 6 punctuation marks: under 6000 entries.
 TEXT_N_IDS = 6000 + (1 << 14)
 
 
 def make_text_dataset() -> Dataset:
-    corpus = train_text.make_corpus(cache_dir() / "bench-text", TEXT_LINES)
+    corpus = train_text.make_corpus(
+        cache_dir() / "bench-text",
+        TEXT_LINES,
+        mean_words=TEXT_MEAN_WORDS,
+        max_words=4 * TEXT_MEAN_WORDS,
+    )
     dataset = train_text.TextDataset(corpus, n_buckets=1 << 14)
     if dataset.n_ids > TEXT_N_IDS:
         raise RuntimeError(f"vocabulary larger than expected: {dataset.n_ids} > {TEXT_N_IDS}")
@@ -296,7 +316,7 @@ class SpectrumDataset(Dataset):
     def __init__(
         self,
         n: int = 50_000,
-        length: int = 4096,
+        length: int = 16384,
         frame: int = 256,
         hop: int = 128,
         n_classes: int = 10,
@@ -329,7 +349,7 @@ def make_spectrum_dataset() -> Dataset:
 class MLPStep(_Step):
     """An MLP's forward + backward + SGD: big enough matmuls to use torch's intra-op threads."""
 
-    def __init__(self, in_features: int = 258, hidden: int = 1024, depth: int = 2) -> None:
+    def __init__(self, in_features: int = 258, hidden: int = 1536, depth: int = 2) -> None:
         super().__init__()
         self.in_features, self.hidden, self.depth = in_features, hidden, depth
 
