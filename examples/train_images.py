@@ -26,6 +26,7 @@ import json
 import math
 import os
 import random
+import re
 import time
 from pathlib import Path
 
@@ -90,17 +91,37 @@ def _draw_image(index: int, size: int) -> Image.Image:
     return img
 
 
+_OURS = re.compile(r"(\d{6,}\.jpg|\.\d{6,}\.jpg\.\d+\.tmp)")
+
+
+def _generated_here(root: Path) -> bool:
+    """Whether ``root`` holds nothing but (possibly partial) output of :func:`make_image_folder`."""
+    for entry in root.iterdir():
+        if entry.name == _MARKER:
+            continue
+        if not (entry.is_dir() and re.fullmatch(r"class_\d+", entry.name)):
+            return False
+        if not all(_OURS.fullmatch(f.name) for f in entry.iterdir()):
+            return False
+    return True
+
+
 def make_image_folder(root: str | os.PathLike[str], n_images: int, image_size: int,
                       verbose: bool = True) -> Path:
     """Write ``n_images`` JPEGs under ``root``; files already there (same size) are kept.
 
     Deterministic: image ``i`` is the same on every machine and run, whatever ``n_images`` is.
     Files from an earlier, larger data set are removed, so the folder holds exactly ``n_images``.
+    A folder with anything else in it (your own images in class folders) is used as it is.
     """
     root = Path(root).expanduser()
     marker = root / _MARKER
     wanted = {"n_images": n_images, "image_size": image_size, "classes": N_CLASSES}
     if marker.exists() and json.loads(marker.read_text()) == wanted:
+        return root
+    if root.is_dir() and not _generated_here(root):
+        if verbose:
+            print(f"{root} holds other files: using its images as they are")
         return root
 
     start = time.perf_counter()
@@ -133,12 +154,16 @@ def make_image_folder(root: str | os.PathLike[str], n_images: int, image_size: i
 def list_images(root: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray]:
     """The files of an image folder (sorted) and their integer labels, as numpy arrays."""
     root = Path(root)
-    classes = sorted((d.name for d in root.iterdir() if d.is_dir()), key=lambda s: int(s[6:]))
+    def natural(name: str) -> list[int | str]:  # class_2 before class_10
+        return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+    classes = sorted((d.name for d in root.iterdir() if d.is_dir()), key=natural)
     paths, labels = [], []
     for label, name in enumerate(classes):
-        for f in sorted((root / name).glob("*.jpg")):
-            paths.append(str(f))
-            labels.append(label)
+        for f in sorted((root / name).iterdir()):
+            if f.suffix.lower() in (".jpg", ".jpeg", ".png"):
+                paths.append(str(f))
+                labels.append(label)
     # numpy arrays instead of lists of Python objects: no refcount writes, so no copy-on-write
     # growth of the forked workers' memory.
     return np.array(paths), np.array(labels, dtype=np.int64)

@@ -1,16 +1,30 @@
 """Five DataLoader workloads for benchmarking loadertune, each with its own optimum.
 
-On a small CPU-only machine (2 cores) the best ``num_workers`` differs from one to the next:
+On a small CPU-only machine (2 CPUs) the best ``num_workers`` differs from one to the next
+(measured with PyTorch's default settings; see below for why some are lower than folklore says):
 
-=========================  ============================================  =====================
-workload                   what dominates                                best num_workers
-=========================  ============================================  =====================
-``image_decode_augment``   JPEG decode + augmentation, tiny CNN step     about the CPU count
-``io_latency``             1 ms of waiting per sample (network / disk)   many (8-16+)
-``tiny_tensors``           nothing: rows of an in-memory tensor          0 (IPC only costs)
-``text_padding``           the step (embeddings + Adam); tokenizing      1 (overlap, no more)
-``cpu_step_competes``      per-sample FFTs *and* a multi-threaded step   1-2 (they share cores)
-=========================  ============================================  =====================
+========================  ==============================================  ====================
+workload                  what dominates                                  best num_workers
+========================  ==============================================  ====================
+``image_decode_augment``  JPEG decode + augmentation; no step (GPU-like)  about the CPU count
+``io_latency``            1 ms of waiting per sample (network / disk)     many (12-32)
+``tiny_tensors``          nothing: rows of an in-memory tensor            0 (IPC only costs)
+``text_padding``          Python tokenizing + an embedding step, both     0 (workers cost more
+                          light; batches of three tensors                 than they save)
+``cpu_step_competes``     per-sample FFTs and a multi-threaded MLP step   2 (1 worse than 0,
+                                                                          more no better)
+========================  ==============================================  ====================
+
+Why workers help less than folklore says on 2 CPUs: a training step runs in the main process on
+torch's intra-op thread pool (2 threads by default), whose OpenMP threads spin-wait after each
+parallel region; even a 32x32 matrix product wakes the pool. A step issuing such work every few
+milliseconds keeps a helper thread spinning on up to a whole CPU, which the workers then lack, and
+each region waits for a CPU that a busy worker holds (a 1 ms step takes 10-20 ms beside two busy
+workers). With any torch step in the loop, the image workload gains only ~15% from workers instead
+of ~80%, so it has no step (it stands for GPU training, where the main process only feeds the
+device; :class:`ImageStep` is the tiny CPU step, if wanted). ``cpu_step_competes`` is the
+workload about that effect. One worker alone is usually worse than none: all loading leaves the
+main process, but the copies between processes and the contention stay.
 
 Each :class:`Workload` has ``name``, ``description``, ``make_dataset()`` (a map-style Dataset),
 ``step`` (``step(batch)``, or None), ``batch_size`` (the user's) and ``loader_kwargs`` (fixed
@@ -19,7 +33,8 @@ DataLoader arguments, e.g. ``collate_fn``), so that a benchmark can run::
     ds = wl.make_dataset()
     loader = DataLoader(ds, batch_size=wl.batch_size, num_workers=w, **wl.loader_kwargs)
     for batch in loader:
-        wl.step(batch)
+        if wl.step is not None:
+            wl.step(batch)
 
 or ``tune_loader(ds, batch_size=wl.batch_size, step=wl.step, **wl.loader_kwargs)``.
 
@@ -31,14 +46,15 @@ The image and text workloads reuse the data sets and Datasets of ``examples/trai
 and ``examples/train_text.py`` (imported as the modules ``train_images`` and ``train_text``, with
 ``examples/`` added to ``sys.path``, which spawned workers inherit). Generated data is written
 once, deterministically, under ``$LOADERTUNE_EXAMPLE_DATA`` (default
-``~/.cache/loadertune-examples``); the first ``make_dataset()`` of the image workload takes some
-seconds. Every Dataset and step is a module-level class, so all of it pickles for workers. The
-steps never change global torch state (threads, seeds).
+``~/.cache/loadertune-examples``); the first ``make_dataset()`` of the image workload takes
+about 25 s (6000 JPEGs, 90 MB). Every Dataset and step is a module-level class, so all of it
+pickles for workers. The steps never change global torch state (threads, seeds).
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -75,8 +91,8 @@ def cache_dir() -> Path:
 class Workload:
     """One benchmark workload: a dataset factory, a training step and the user's loader setup.
 
-    ``expected_workers`` is the range of ``num_workers`` the optimum should fall in on a 2-CPU
-    machine (for reports; it is a design target, not a measurement).
+    ``expected_workers`` is the range of ``num_workers`` the optimum fell in on a shared 2-CPU
+    VM with torch's default threads (for reports; other machines will differ).
     """
 
     name: str
@@ -114,7 +130,7 @@ class _Step:
 
 
 # ---------------------------------------------------------------------------------------------
-# a. image_decode_augment: CPU-bound loading, small step
+# a. image_decode_augment: CPU-bound loading (no step; ImageStep is a tiny CPU one, unused)
 # ---------------------------------------------------------------------------------------------
 
 IMAGE_COUNT, IMAGE_SIZE, IMAGE_CROP = 6000, 192, 160
@@ -134,11 +150,11 @@ class ThumbnailPatchNet(nn.Module):
     that a linear layer embeds (a convolution with stride = kernel, written as a reshape), ReLU,
     mean over patches, linear head.
 
-    Every tensor it makes has fewer than 32768 elements, torch's grain size for intra-op
-    parallelism, so it never wakes the intra-op thread pool. On a 2-CPU machine a step that
-    does (a real convolution over the full crops) stalls for milliseconds per parallel region
-    while workers keep both CPUs busy; that effect belongs to ``cpu_step_competes``, and here
-    would hide the loader's optimum.
+    Every tensor it makes has fewer than 32768 elements (torch's grain size for intra-op
+    parallelism) and it calls no oneDNN convolution, so it seldom wakes the intra-op thread
+    pool: about 1 ms per batch of 32. A step with a real convolution over the full crops stalls
+    for milliseconds per parallel region while workers keep both CPUs busy; that effect
+    belongs to ``cpu_step_competes`` and here would hide the loader's optimum.
     """
 
     def __init__(
@@ -182,17 +198,34 @@ class ImageStep(_Step):
 
 
 class LatencyDataset(Dataset):
-    """Each sample waits ``latency_s`` (a remote read), then returns a small tensor."""
+    """Each sample is a remote read: wait ``latency_s``, then parse a JSON record of ``dim``
+    floats (about 0.1 ms of CPU for 512) into a tensor.
 
-    def __init__(self, n: int = 200_000, latency_s: float = 0.001, dim: int = 64) -> None:
+    The records are rebuilt deterministically from a seed (``n_distinct`` of them, reused).
+    """
+
+    def __init__(
+        self,
+        n: int = 200_000,
+        latency_s: float = 0.001,
+        dim: int = 512,
+        n_distinct: int = 1000,
+        seed: int = 0,
+    ) -> None:
         self.n, self.latency_s, self.dim = n, latency_s, dim
+        rng = np.random.default_rng(seed)
+        self.records = [
+            json.dumps({"id": i, "label": i % 10, "values": np.round(row, 6).tolist()})
+            for i, row in enumerate(rng.standard_normal((n_distinct, dim)))
+        ]
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         time.sleep(self.latency_s)
-        return torch.full((self.dim,), float(index % 1000) / 1000), index % 10
+        record = json.loads(self.records[index % len(self.records)])
+        return torch.tensor(record["values"], dtype=torch.float32), record["label"]
 
 
 class LinearStep(_Step):
@@ -248,7 +281,7 @@ def make_rows_dataset() -> Dataset:
 
 
 # ---------------------------------------------------------------------------------------------
-# d. text_padding: tokenizing Dataset + padding collate; the step dominates
+# d. text_padding: tokenizing Dataset + padding collate; light enough that in-process wins
 # ---------------------------------------------------------------------------------------------
 
 TEXT_LINES, TEXT_MEAN_WORDS = 60_000, 48
@@ -282,7 +315,7 @@ class EmbeddingBagClassifier(nn.Module):
 
 
 class TextStep(_Step):
-    """An embedding-bag classifier with sparse gradients and SGD (fastText style): ~1 ms."""
+    """An embedding-bag classifier with sparse gradients and SGD (fastText style): ~2 ms."""
 
     def __init__(self, n_ids: int = TEXT_N_IDS) -> None:
         super().__init__()
@@ -310,13 +343,13 @@ class TextStep(_Step):
 class SpectrumDataset(Dataset):
     """Synthesizes signal ``index`` (class-dependent tones + noise) and returns STFT features.
 
-    About 0.15 ms of numpy per sample (random numbers, framing, FFT, log, statistics).
+    About 0.6 ms of numpy per sample (random numbers, framing, 255 FFTs, log, statistics).
     """
 
     def __init__(
         self,
         n: int = 50_000,
-        length: int = 16384,
+        length: int = 32768,
         frame: int = 256,
         hop: int = 128,
         n_classes: int = 10,
@@ -347,7 +380,10 @@ def make_spectrum_dataset() -> Dataset:
 
 
 class MLPStep(_Step):
-    """An MLP's forward + backward + SGD: big enough matmuls to use torch's intra-op threads."""
+    """An MLP's forward + backward + SGD: big enough matmuls to use torch's intra-op threads.
+
+    About 6 ms for a batch of 64 on 2 idle CPUs; 3-5 times that while workers keep them busy.
+    """
 
     def __init__(self, in_features: int = 258, hidden: int = 1536, depth: int = 2) -> None:
         super().__init__()
@@ -380,22 +416,23 @@ class MLPStep(_Step):
 WORKLOADS: list[Workload] = [
     Workload(
         name="image_decode_augment",
-        description=f"{IMAGE_COUNT} JPEGs ({IMAGE_SIZE}px) decoded with PIL, random resized crop "
-        f"to {IMAGE_CROP}, flip, colour jitter; a tiny CNN step. CPU-bound loading: "
-        "best with about as many workers as CPUs.",
+        description=f"{IMAGE_COUNT} JPEGs ({IMAGE_SIZE} px) decoded with PIL, random resized "
+        f"crop to {IMAGE_CROP}, flip, colour jitter (~1.3 ms a sample); no step (the GPU's work "
+        "is elsewhere). CPU-bound loading: best with about as many workers as CPUs.",
         make_dataset=make_image_dataset,
-        step=ImageStep(),
+        step=None,
         batch_size=32,
         expected_workers=(2, 4),
     ),
     Workload(
         name="io_latency",
-        description="Each sample sleeps 1 ms (network or disk latency) and returns 64 floats; a "
-        "linear step. Waiting, not computing: best with many more workers than CPUs.",
+        description="Each sample waits 1 ms (a network or disk read), then parses a JSON record "
+        "of 512 floats (~0.1 ms); a linear step. Mostly waiting: best with many more workers "
+        "than CPUs, until the parsing fills them.",
         make_dataset=make_latency_dataset,
-        step=LinearStep(),
+        step=LinearStep(dim=512),
         batch_size=32,
-        expected_workers=(8, 32),
+        expected_workers=(12, 32),
     ),
     Workload(
         name="tiny_tensors",
@@ -408,24 +445,25 @@ WORKLOADS: list[Workload] = [
     ),
     Workload(
         name="text_padding",
-        description=f"{TEXT_LINES} lines tokenized per sample (regex, vocabulary, hashed "
-        "bigrams), padded per batch by collate_fn; an embedding model with Adam. The "
-        "step dominates: one worker hides the loading, more only compete for CPU.",
+        description=f"{TEXT_LINES} lines (~{TEXT_MEAN_WORDS} words) tokenized per sample (regex, "
+        "vocabulary, hashed bigrams; ~40 us), padded per batch by collate_fn; a sparse "
+        "embedding-bag step (~2 ms). Real per-sample work, yet batches crossing processes as "
+        "three tensors, and a step slowed by busy workers, cost more than workers save.",
         make_dataset=make_text_dataset,
         step=TextStep(),
         batch_size=64,
         loader_kwargs={"collate_fn": train_text.collate_fn},
-        expected_workers=(1, 1),
+        expected_workers=(0, 0),
     ),
     Workload(
         name="cpu_step_competes",
-        description="Per-sample signal synthesis + STFT features (numpy, ~0.15 ms) and an MLP "
-        "step on torch's intra-op threads, of similar cost: workers and step share "
-        "the cores, so few workers win.",
+        description="Per-sample signal synthesis + STFT features (numpy, ~0.6 ms) and an MLP "
+        "step on torch's intra-op threads (~6 ms on idle CPUs, 3-5x that beside busy "
+        "workers): workers and step share the CPUs, so a couple of workers win, more lose.",
         make_dataset=make_spectrum_dataset,
         step=MLPStep(),
         batch_size=64,
-        expected_workers=(1, 2),
+        expected_workers=(2, 2),
     ),
 ]
 
