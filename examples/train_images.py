@@ -52,6 +52,7 @@ def example_cache_dir() -> Path:
 # Synthetic data set: JPEG files in class folders
 # ---------------------------------------------------------------------------------------------
 
+
 def _image_path(root: Path, index: int) -> Path:
     return root / f"class_{index % N_CLASSES}" / f"{index:06d}.jpg"
 
@@ -106,8 +107,9 @@ def _generated_here(root: Path) -> bool:
     return True
 
 
-def make_image_folder(root: str | os.PathLike[str], n_images: int, image_size: int,
-                      verbose: bool = True) -> Path:
+def make_image_folder(
+    root: str | os.PathLike[str], n_images: int, image_size: int, verbose: bool = True
+) -> Path:
     """Write ``n_images`` JPEGs under ``root``; files already there (same size) are kept.
 
     Deterministic: image ``i`` is the same on every machine and run, whatever ``n_images`` is.
@@ -146,14 +148,17 @@ def make_image_folder(root: str | os.PathLike[str], n_images: int, image_size: i
         written += 1
     marker.write_text(json.dumps(wanted))
     if verbose and written:
-        print(f"wrote {written} JPEGs ({image_size}x{image_size}) to {root} "
-              f"in {time.perf_counter() - start:.1f}s")
+        print(
+            f"wrote {written} JPEGs ({image_size}x{image_size}) to {root} "
+            f"in {time.perf_counter() - start:.1f}s"
+        )
     return root
 
 
 def list_images(root: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray]:
     """The files of an image folder (sorted) and their integer labels, as numpy arrays."""
     root = Path(root)
+
     def natural(name: str) -> list[int | str]:  # class_2 before class_10
         return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
@@ -173,8 +178,13 @@ def list_images(root: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray]:
 # Dataset with CPU augmentation (what torchvision.transforms would do, with PIL and numpy)
 # ---------------------------------------------------------------------------------------------
 
-def random_resized_crop(img: Image.Image, size: int, scale: tuple[float, float] = (0.35, 1.0),
-                        ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> Image.Image:
+
+def random_resized_crop(
+    img: Image.Image,
+    size: int,
+    scale: tuple[float, float] = (0.35, 1.0),
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+) -> Image.Image:
     w, h = img.size
     area = w * h
     for _ in range(10):
@@ -207,8 +217,9 @@ def color_jitter(x: np.ndarray, strength: float = 0.2) -> np.ndarray:
 class ImageFolderDataset(Dataset):
     """JPEG files and labels; ``__getitem__`` decodes, augments and normalizes one image."""
 
-    def __init__(self, paths: np.ndarray, labels: np.ndarray, crop: int = 64,
-                 train: bool = True) -> None:
+    def __init__(
+        self, paths: np.ndarray, labels: np.ndarray, crop: int = 64, train: bool = True
+    ) -> None:
         self.paths, self.labels = paths, labels
         self.crop, self.train = crop, train
 
@@ -242,20 +253,24 @@ def split(paths: np.ndarray, labels: np.ndarray, val_fraction: float = 0.1, seed
 # Model and training loop
 # ---------------------------------------------------------------------------------------------
 
+
 def conv_block(cin: int, cout: int, stride: int = 1) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False),
-                         nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
+    return nn.Sequential(
+        nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False),
+        nn.BatchNorm2d(cout),
+        nn.ReLU(inplace=True),
+    )
 
 
 class SmallCNN(nn.Module):
     def __init__(self, n_classes: int = N_CLASSES, width: int = 16) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            conv_block(3, width, stride=2),             # 64 -> 32
+            conv_block(3, width, stride=2),  # 64 -> 32
             conv_block(width, 2 * width),
-            nn.MaxPool2d(2),                            # 32 -> 16
+            nn.MaxPool2d(2),  # 32 -> 16
             conv_block(2 * width, 4 * width),
-            nn.MaxPool2d(2),                            # 16 -> 8
+            nn.MaxPool2d(2),  # 16 -> 8
             conv_block(4 * width, 8 * width),
             nn.AdaptiveAvgPool2d(1),
         )
@@ -267,8 +282,11 @@ class SmallCNN(nn.Module):
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data", default=str(example_cache_dir() / "images"),
-                   help="image folder (created on first run)")
+    p.add_argument(
+        "--data",
+        default=str(example_cache_dir() / "images"),
+        help="image folder (created on first run)",
+    )
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--num-workers", type=int, default=0)
@@ -291,17 +309,29 @@ def main(argv: list[str] | None = None) -> None:
     train_set = ImageFolderDataset(train_paths, train_labels, crop=args.crop, train=True)
     val_set = ImageFolderDataset(val_paths, val_labels, crop=args.crop, train=False)
 
-    train_loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True,
-                              num_workers=args.num_workers, pin_memory=torch.cuda.is_available(),
-                              drop_last=True)
-    val_loader = DataLoader(val_set, batch_size=args.batch_size, shuffle=False,
-                            num_workers=args.num_workers, pin_memory=torch.cuda.is_available())
+    train_loader = DataLoader(
+        train_set,
+        batch_size=args.batch_size,
+        shuffle=True,
+        num_workers=args.num_workers,
+        pin_memory=torch.cuda.is_available(),
+        drop_last=True,
+    )
+    val_loader = DataLoader(
+        val_set,
+        batch_size=args.batch_size,
+        shuffle=False,
+        num_workers=args.num_workers,
+        pin_memory=torch.cuda.is_available(),
+    )
 
     model = SmallCNN().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
     criterion = nn.CrossEntropyLoss()
-    print(f"{len(train_set)} training / {len(val_set)} validation images, device={device}, "
-          f"batch_size={args.batch_size}, num_workers={args.num_workers}")
+    print(
+        f"{len(train_set)} training / {len(val_set)} validation images, device={device}, "
+        f"batch_size={args.batch_size}, num_workers={args.num_workers}"
+    )
 
     for epoch in range(1, args.epochs + 1):
         model.train()
@@ -332,10 +362,12 @@ def main(argv: list[str] | None = None) -> None:
                 val_seen += labels.size(0)
 
         val_seen = max(val_seen, 1)
-        print(f"epoch {epoch}/{args.epochs}  "
-              f"train loss {total_loss / max(seen, 1):.3f} acc {correct / max(seen, 1):.3f}  "
-              f"val loss {val_loss / val_seen:.3f} acc {val_correct / val_seen:.3f}  "
-              f"{seen / elapsed:.0f} samples/s ({elapsed:.1f}s)")
+        print(
+            f"epoch {epoch}/{args.epochs}  "
+            f"train loss {total_loss / max(seen, 1):.3f} acc {correct / max(seen, 1):.3f}  "
+            f"val loss {val_loss / val_seen:.3f} acc {val_correct / val_seen:.3f}  "
+            f"{seen / elapsed:.0f} samples/s ({elapsed:.1f}s)"
+        )
 
 
 if __name__ == "__main__":

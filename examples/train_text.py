@@ -53,16 +53,43 @@ def example_cache_dir() -> Path:
 # Synthetic corpus
 # ---------------------------------------------------------------------------------------------
 
+
 def _make_words(rng: random.Random, n: int) -> list[str]:
-    onsets = ["b", "br", "d", "dr", "f", "g", "gl", "k", "kr", "l", "m", "n", "p", "pl", "r",
-              "s", "st", "t", "tr", "v", "z", "sh", "th", "ch"]
+    onsets = [
+        "b",
+        "br",
+        "d",
+        "dr",
+        "f",
+        "g",
+        "gl",
+        "k",
+        "kr",
+        "l",
+        "m",
+        "n",
+        "p",
+        "pl",
+        "r",
+        "s",
+        "st",
+        "t",
+        "tr",
+        "v",
+        "z",
+        "sh",
+        "th",
+        "ch",
+    ]
     vowels = ["a", "e", "i", "o", "u", "ai", "ou", "ee"]
     codas = ["", "", "n", "r", "s", "l", "m", "x", "nd", "st"]
     words: set[str] = set()
     while len(words) < n:
         syllables = rng.choice((1, 2, 2, 2, 3, 3, 4))
-        words.add("".join(rng.choice(onsets) + rng.choice(vowels) for _ in range(syllables))
-                  + rng.choice(codas))
+        words.add(
+            "".join(rng.choice(onsets) + rng.choice(vowels) for _ in range(syllables))
+            + rng.choice(codas)
+        )
     ordered = sorted(words)
     rng.shuffle(ordered)
     return ordered
@@ -80,8 +107,14 @@ def keyword_label(tokens: list[str], keywords: dict[str, int]) -> int:
     return max(range(N_CLASSES), key=lambda c: (counts[c], -first[c]))
 
 
-def make_corpus(root: str | os.PathLike[str], n_lines: int, seed: int = 0,
-                mean_words: int = 14, max_words: int = 60, verbose: bool = True) -> Path:
+def make_corpus(
+    root: str | os.PathLike[str],
+    n_lines: int,
+    seed: int = 0,
+    mean_words: int = 14,
+    max_words: int = 60,
+    verbose: bool = True,
+) -> Path:
     """Write a corpus of ``label<TAB>sentence`` lines under ``root``, once; return its path.
 
     Lines have ``4 + Exp(mean_words)`` words (at most ``max_words``), plus keywords.
@@ -94,8 +127,8 @@ def make_corpus(root: str | os.PathLike[str], n_lines: int, seed: int = 0,
     start = time.perf_counter()
     rng = random.Random(seed)
     words = _make_words(rng, 3000)
-    keywords = words[:N_CLASSES * KEYWORDS_PER_CLASS]
-    filler = words[N_CLASSES * KEYWORDS_PER_CLASS:]
+    keywords = words[: N_CLASSES * KEYWORDS_PER_CLASS]
+    filler = words[N_CLASSES * KEYWORDS_PER_CLASS :]
     # Zipf-like word frequencies, so the vocabulary has a long tail of rare words.
     cum_weights = list(itertools.accumulate(1.0 / (rank + 10) for rank in range(len(filler))))
     kw_class = {w: i // KEYWORDS_PER_CLASS for i, w in enumerate(keywords)}
@@ -104,7 +137,7 @@ def make_corpus(root: str | os.PathLike[str], n_lines: int, seed: int = 0,
         length = min(max_words, 4 + int(rng.expovariate(1 / mean_words)))
         tokens = rng.choices(filler, cum_weights=cum_weights, k=length)
         target = rng.randrange(N_CLASSES)
-        mine = keywords[target * KEYWORDS_PER_CLASS:(target + 1) * KEYWORDS_PER_CLASS]
+        mine = keywords[target * KEYWORDS_PER_CLASS : (target + 1) * KEYWORDS_PER_CLASS]
         for _ in range(rng.choice((1, 1, 2, 3))):
             tokens.insert(rng.randrange(len(tokens) + 1), rng.choice(mine))
         if rng.random() < 0.4:  # a distractor from another class
@@ -134,6 +167,7 @@ def make_corpus(root: str | os.PathLike[str], n_lines: int, seed: int = 0,
 # Dataset (tokenizes on the fly) and the padding collate function
 # ---------------------------------------------------------------------------------------------
 
+
 def tokenize(text: str) -> list[str]:
     return TOKEN_RE.findall(text.lower())
 
@@ -154,8 +188,13 @@ class TextDataset(Dataset):
     ``[len(vocab), len(vocab) + n_buckets)``.
     """
 
-    def __init__(self, path: str | os.PathLike[str], vocab: dict[str, int] | None = None,
-                 n_buckets: int = 1 << 14, indices: np.ndarray | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        vocab: dict[str, int] | None = None,
+        n_buckets: int = 1 << 14,
+        indices: np.ndarray | None = None,
+    ) -> None:
         with open(path, encoding="utf-8") as f:
             rows = [line.rstrip("\n").split("\t", 1) for line in f]
         if indices is not None:
@@ -176,8 +215,10 @@ class TextDataset(Dataset):
         tokens = tokenize(text)
         ids = [self.vocab.get(tok, UNK) for tok in tokens]
         base = len(self.vocab)
-        ids += [base + zlib.crc32(f"{a} {b}".encode()) % self.n_buckets
-                for a, b in itertools.pairwise(tokens)]
+        ids += [
+            base + zlib.crc32(f"{a} {b}".encode()) % self.n_buckets
+            for a, b in itertools.pairwise(tokens)
+        ]
         return ids
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
@@ -197,6 +238,7 @@ def collate_fn(batch: list[tuple[torch.Tensor, int]]):
 # Model and training loop
 # ---------------------------------------------------------------------------------------------
 
+
 class BagOfEmbeddings(nn.Module):
     """Mean of the token embeddings (padding masked out), then a small MLP."""
 
@@ -212,8 +254,11 @@ class BagOfEmbeddings(nn.Module):
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data", default=str(example_cache_dir() / "text"),
-                   help="folder of the corpus (created on first run)")
+    p.add_argument(
+        "--data",
+        default=str(example_cache_dir() / "text"),
+        help="folder of the corpus (created on first run)",
+    )
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--num-workers", type=int, default=0)
@@ -234,19 +279,32 @@ def main(argv: list[str] | None = None) -> None:
     train_set = TextDataset(corpus, indices=order[n_val:])
     val_set = TextDataset(corpus, vocab=train_set.vocab, indices=order[:n_val])
 
-    train_loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True,
-                              num_workers=args.num_workers, collate_fn=collate_fn,
-                              pin_memory=torch.cuda.is_available(), drop_last=True)
-    val_loader = DataLoader(val_set, batch_size=args.batch_size, shuffle=False,
-                            num_workers=args.num_workers, collate_fn=collate_fn,
-                            pin_memory=torch.cuda.is_available())
+    train_loader = DataLoader(
+        train_set,
+        batch_size=args.batch_size,
+        shuffle=True,
+        num_workers=args.num_workers,
+        collate_fn=collate_fn,
+        pin_memory=torch.cuda.is_available(),
+        drop_last=True,
+    )
+    val_loader = DataLoader(
+        val_set,
+        batch_size=args.batch_size,
+        shuffle=False,
+        num_workers=args.num_workers,
+        collate_fn=collate_fn,
+        pin_memory=torch.cuda.is_available(),
+    )
 
     model = BagOfEmbeddings(train_set.n_ids).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     criterion = nn.CrossEntropyLoss()
-    print(f"{len(train_set)} training / {len(val_set)} validation lines, "
-          f"vocabulary {len(train_set.vocab)} words, device={device}, "
-          f"batch_size={args.batch_size}, num_workers={args.num_workers}")
+    print(
+        f"{len(train_set)} training / {len(val_set)} validation lines, "
+        f"vocabulary {len(train_set.vocab)} words, device={device}, "
+        f"batch_size={args.batch_size}, num_workers={args.num_workers}"
+    )
 
     for epoch in range(1, args.epochs + 1):
         model.train()
@@ -275,10 +333,12 @@ def main(argv: list[str] | None = None) -> None:
                 val_correct += (outputs.argmax(1).cpu() == labels).sum().item()
                 val_seen += labels.size(0)
 
-        print(f"epoch {epoch}/{args.epochs}  "
-              f"train loss {total_loss / max(seen, 1):.3f} acc {correct / max(seen, 1):.3f}  "
-              f"val acc {val_correct / max(val_seen, 1):.3f}  "
-              f"{seen / elapsed:.0f} samples/s ({elapsed:.1f}s)")
+        print(
+            f"epoch {epoch}/{args.epochs}  "
+            f"train loss {total_loss / max(seen, 1):.3f} acc {correct / max(seen, 1):.3f}  "
+            f"val acc {val_correct / max(val_seen, 1):.3f}  "
+            f"{seen / elapsed:.0f} samples/s ({elapsed:.1f}s)"
+        )
 
 
 if __name__ == "__main__":
