@@ -35,6 +35,11 @@ def bottleneck(blocked_fraction: float) -> str:
     return "balanced"
 
 
+def _median(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
 def loader_keeps_up(baseline: TrialResult | None, est: Estimates | None) -> bool:
     """The baseline is compute-bound and the loader keeps up: tuning the loader cannot help.
 
@@ -247,6 +252,18 @@ def advice(outcome: SearchOutcome, hw: Hardware, diag: dict[str, Any]) -> list[s
         out.append(
             f"a CPU quota limits this process to {hw.cpu_quota:g} CPUs of the machine's "
             f"{hw.logical_cpus}: settings tuned here fit that quota, not the whole machine"
+        )
+    main_cpu = _median(
+        [r.resources.cpu_percent_main for r in outcome.results_for(winner) if r.ok and r.resources]
+    )
+    busy_with_workers = [r for r in outcome.trials if r.ok and r.config.num_workers and r.resources]
+    spin = _median([r.resources.cpu_percent_main for r in busy_with_workers if r.resources])
+    if hw.usable_cpus <= 4 and spin is not None and spin > 120 and (main_cpu or 0) > 100:
+        out.append(
+            f"the training process keeps {spin:.0f}% of a CPU busy while workers run (torch's "
+            "intra-op threads spin-wait between operations) and the workers need the same "
+            f"{hw.usable_cpus} CPUs: try torch.set_num_threads(1) or OMP_WAIT_POLICY=PASSIVE "
+            "in the training process, then tune again"
         )
     if winner.num_workers > hw.usable_cpus:
         out.append(

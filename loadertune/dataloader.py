@@ -31,6 +31,21 @@ def quiet_worker_warning() -> Iterator[None]:
         yield
 
 
+def apply_settings(arguments: Mapping[str, Any], config: Config) -> dict[str, Any]:
+    """The user's DataLoader arguments with ``config`` applied, every combination kept valid:
+    a batch sampler keeps deciding the batch, and without workers the worker-only arguments
+    (``prefetch_factor``, ``persistent_workers``, ``multiprocessing_context``) go."""
+    out = dict(arguments)
+    out.update(config.loader_kwargs())
+    if out.get("batch_sampler") is not None:
+        out.pop("batch_size")
+    if config.num_workers == 0:
+        for key in ("prefetch_factor", "multiprocessing_context"):
+            out.pop(key, None)
+        out["persistent_workers"] = False
+    return out
+
+
 def epoch_samples(loader: DataLoader[Any]) -> int | None:
     """Samples per epoch; None when unknown (an iterable without ``__len__``, a batch sampler)."""
     if isinstance(loader.dataset, IterableDataset):

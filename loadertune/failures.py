@@ -98,6 +98,15 @@ _PATTERNS: list[tuple[str, str, str, str]] = [
         "use fewer workers, a smaller prefetch_factor or a smaller batch size",
     ),
     (
+        "pickle_error",
+        r"Can't pickle|[Cc]annot pickle|PicklingError|Can't get local object|"
+        r"Can't get attribute .* on <module '__main__'",
+        "the dataset (or collate_fn, worker_init_fn) cannot be sent to worker processes: it does "
+        "not pickle, which the spawn and forkserver start methods need",
+        "define them at module level, without lambdas or open handles; or pass "
+        "multiprocessing_context='fork' (not on macOS)",
+    ),
+    (
         "pin_memory_thread",
         r"Pin memory thread exited unexpectedly",
         "the pin-memory thread died",

@@ -119,7 +119,9 @@ class InlineRunner:
 
     def _epoch_length(self) -> int | None:
         """Samples per epoch at batch size 1 (None: unknown); a loader without workers is free."""
-        return dl.epoch_samples(DataLoader(self.dataset, **self.fixed))
+        return dl.epoch_samples(
+            DataLoader(self.dataset, **dl.apply_settings(self.fixed, Config(1)))
+        )
 
     def _step(self, config: Config) -> Callable[[Any], Any] | None:
         if self._user_step is not None:
@@ -130,9 +132,7 @@ class InlineRunner:
         return None
 
     def _loader(self, config: Config, limits: Limits) -> DataLoader[Any]:
-        kwargs = {**self.fixed, **config.loader_kwargs()}
-        if "batch_sampler" in self.fixed:
-            kwargs.pop("batch_size")
+        kwargs = dl.apply_settings(self.fixed, config)
         if config.num_workers and not kwargs.get("timeout"):
             kwargs["timeout"] = limits.hang_s  # a hung worker becomes a clean error in next()
         return DataLoader(self.dataset, **kwargs)

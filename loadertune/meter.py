@@ -230,7 +230,11 @@ class Meter:
         self._t_wrap = now
         self._index_in_epoch = 0
         self._n_wraps += 1
-        self._it = iter(iterable)
+        try:
+            self._it = iter(iterable)  # starts non-persistent workers: the loader's own failure
+        except BaseException:
+            self.failed_in_next = True
+            raise
         return self
 
     def __iter__(self) -> Meter:

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from torch.utils.data import DataLoader
 
+from loadertune import dataloader as dl
 from loadertune.space import Config
 
 _RECORD = "_loadertune_record"
@@ -66,18 +67,6 @@ def matches_site(site: str, wanted: str) -> bool:
         or norm(path).endswith(os.sep + norm(want_path).lstrip(os.sep))
         or os.path.basename(path) == want_path
     )
-
-
-def apply_settings(arguments: dict[str, Any], config: Config) -> dict[str, Any]:
-    """The script's DataLoader arguments with ``config`` applied; every combination stays valid."""
-    out = dict(arguments)
-    out.update(config.loader_kwargs())
-    if out.get("batch_sampler") is not None:
-        out.pop("batch_size")  # the script's batch sampler decides the batch
-    if config.num_workers == 0:
-        out.pop("prefetch_factor", None)
-        out["persistent_workers"] = False
-    return out
 
 
 class Controller(Protocol):
@@ -162,7 +151,7 @@ class Apply:
             f"loadertune: DataLoader #{record.index} at {record.call_site}: "
             f"{self.config.label()}{note}"
         )
-        return apply_settings(arguments, self.config)
+        return dl.apply_settings(arguments, self.config)
 
     def on_iter(
         self,

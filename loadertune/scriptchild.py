@@ -30,7 +30,7 @@ from loadertune import dataloader as dl
 from loadertune import failures
 from loadertune.channel import Channel
 from loadertune.meter import Measurement, Meter
-from loadertune.patch import LoaderRecord, apply_settings, matches_site, patched
+from loadertune.patch import LoaderRecord, matches_site, patched
 from loadertune.space import Config
 from loadertune.trial import window_for
 
@@ -108,7 +108,7 @@ class TrialController:
     def on_create(self, record: LoaderRecord, arguments: dict[str, Any]) -> dict[str, Any]:
         if self.config is None or not self._is_target(record):
             return arguments
-        out = apply_settings(arguments, self.config)
+        out = dl.apply_settings(arguments, self.config)
         if self.config.num_workers and not out.get("timeout"):
             out["timeout"] = self.spec["hang_s"]  # a hung worker becomes an error in next()
         return out

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -33,29 +32,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from loadertune import hardware, tune_loader
-from loadertune.confirm import interleaved
 from loadertune.inline import InlineRunner
-from loadertune.space import Config, SearchSpace
-from loadertune.trial import Limits, TrialResult, window_for
+from loadertune.space import Config
+from loadertune.trial import Limits, window_for
 
+import benchlib
 from bench_workloads import WORKLOADS
 
 LIMITS = Limits(timeout_s=120, startup_s=60, hang_s=20)
-
-
-def measure(runner: InlineRunner, config: Config, window_s: float) -> TrialResult:
-    return runner.run(config, window=window_for(config, window_s=window_s), limits=LIMITS)
-
-
-def space_of(rec: Any) -> SearchSpace:
-    s = rec.search["space"]
-    return SearchSpace(
-        batch_sizes=tuple(s["batch_sizes"]),
-        max_workers=s["max_workers"],
-        prefetch_factors=tuple(s["prefetch_factors"]),
-        pin_memory=tuple(s["pin_memory"]),
-        persistent_workers=tuple(s["persistent_workers"]),
-    )
 
 
 def bench(workload: Any, args: argparse.Namespace) -> dict[str, Any]:
@@ -78,58 +62,43 @@ def bench(workload: Any, args: argparse.Namespace) -> dict[str, Any]:
         )
     tuner_s = time.monotonic() - t0
     pick = Config.from_kwargs(rec.loader_kwargs)
-    n_trials = len(rec.trials)
     print(
-        f"tuner: {pick.label()} in {tuner_s:.0f} s, {n_trials} trials "
+        f"tuner: {pick.label()} in {tuner_s:.0f} s, {len(rec.trials)} trials "
         f"(stopped: {rec.search['stop_reason']})",
         flush=True,
     )
 
     runner = InlineRunner(dataset, step=workload.step, fixed=fixed)
-    grid_space = space_of(rec)
-    grid: dict[Config, float] = {}
+
+    def measure_with(window_s: float):  # type: ignore[no-untyped-def]
+        def measure(config: Config) -> float | None:
+            window = window_for(config, window_s=window_s)
+            return runner.run(config, window=window, limits=LIMITS).epoch_samples_per_s
+
+        return measure
+
     t0 = time.monotonic()
-    for config in grid_space.configs():
-        value = measure(runner, config, args.grid_window).epoch_samples_per_s
-        grid[config] = value or 0.0
+    grid = benchlib.grid(measure_with(args.grid_window), benchlib.space_from(rec.search).configs())
     grid_s = time.monotonic() - t0
-    top = sorted(grid, key=lambda c: grid[c], reverse=True)[:3]
+    best = max(grid, key=lambda c: grid[c])
     print(
-        f"grid: {len(grid)} settings in {grid_s:.0f} s; best {top[0].label()} "
-        f"{grid[top[0]]:,.0f} samples/s",
+        f"grid: {len(grid)} settings in {grid_s:.0f} s; best {best.label()} "
+        f"{grid[best]:,.0f} samples/s",
         flush=True,
     )
-
-    defaults = Config(workload.batch_size)
-    folklore = Config(workload.batch_size, 4, 2, pin_memory=True)
-    finalists = list(dict.fromkeys([*top, pick, defaults, folklore]))
-    rounds: dict[Config, list[float]] = {c: [] for c in finalists}
-    for config in interleaved(finalists, args.rounds):
-        rounds[config].append(measure(runner, config, args.window).epoch_samples_per_s or 0.0)
+    named = {
+        "tuner": pick,
+        "defaults": Config(workload.batch_size),
+        "folklore": Config(workload.batch_size, 4, 2, pin_memory=True),
+    }
+    rows = benchlib.compare(measure_with(args.window), grid, named, args.rounds)
     runner.close()
-    med = {c: statistics.median(v) for c, v in rounds.items()}
-    grid_best = max(top, key=lambda c: med[c])
-
-    def row(config: Config) -> dict[str, Any]:
-        vals = rounds[config]
-        return {
-            "setting": config.label(),
-            "loader_kwargs": config.loader_kwargs(),
-            "median": med[config],
-            "min": min(vals),
-            "max": max(vals),
-            "percent_of_grid": 100 * med[config] / med[grid_best],
-        }
-
     return {
         "workload": workload.name,
         "description": workload.description,
-        "grid_best": row(grid_best),
-        "tuner": row(pick),
-        "defaults": row(defaults),
-        "folklore": row(folklore),
+        **rows,
         "tuner_wall_s": tuner_s,
-        "tuner_trials": n_trials,
+        "tuner_trials": len(rec.trials),
         "tuner_stop": rec.search["stop_reason"],
         "grid_settings": len(grid),
         "grid_s": grid_s,

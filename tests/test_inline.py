@@ -168,3 +168,16 @@ def test_memory_budget_stops_a_trial() -> None:
     )
     assert result.error == "memory_budget"
     assert "over the budget" in result.failure.message  # type: ignore[union-attr]
+
+
+def test_a_dataset_that_does_not_pickle_is_tuning_data() -> None:
+    """Under spawn (forkserver is Python 3.14's default), workers need a picklable dataset."""
+
+    class Local(TensorDataset):  # a class defined in a function does not pickle
+        pass
+
+    runner = InlineRunner(Local(n=1000), fixed={"multiprocessing_context": "spawn"})
+    result = run(runner, Config(8, 2, 2))
+    assert result.error == "pickle_error", result.failure
+    assert not result.failure.user_bug  # type: ignore[union-attr]
+    assert run(runner, Config(8)).ok  # without workers nothing needs pickling

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
-from loadertune.patch import Apply, LoaderRecord, apply_settings, matches_site, patched
+from loadertune.dataloader import apply_settings
+from loadertune.patch import Apply, LoaderRecord, matches_site, patched
 from loadertune.space import Config
 
 from workloads import TensorDataset

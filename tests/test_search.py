@@ -361,3 +361,22 @@ def test_gpu_memory_model_bounds_the_batch_size(tmp_path, hw) -> None:
     assert 1024 not in tried and 2048 not in tried  # 400 + 6 x 1024 MiB > 90% of 6 GiB
     assert 512 in tried  # the largest predicted to fit was verified
     assert outcome.winner.batch_size == 512
+
+
+def test_after_a_pickle_error_no_worker_setting_is_tried(tmp_path, hw) -> None:
+    def fail(config: Config) -> Failure | None:
+        if config.num_workers:
+            return Failure("pickle_error", "does not pickle", "module level")
+        return None
+
+    runner = FakeRunner(io_landscape, fail=fail)
+    outcome = Search(
+        runner,
+        hardware=hw,
+        baseline=Config(32),
+        batch_sizes=[32],
+        settings=settings(tmp_path, budget_s=8, patience=20),
+    ).run()
+    with_workers = [c for p, c in runner.log if c.num_workers]
+    assert len(with_workers) == 1  # the probe's num_workers=1; nothing after it
+    assert outcome.winner.num_workers == 0

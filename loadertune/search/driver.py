@@ -1,0 +1,421 @@
+"""The search driver: probe, seed, explore, confirm. See :mod:`loadertune.search`."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+import time
+from collections.abc import Sequence
+
+from loadertune import analysis
+from loadertune.confirm import Confirmation, confirm
+from loadertune.errors import LoadertuneError, SearchInterrupted, UserCodeError
+from loadertune.hardware import Hardware
+from loadertune.probe import Estimates, estimate, seed_configs
+from loadertune.resources import tree_pss
+from loadertune.search.frontier import Frontier
+from loadertune.search.outcome import Observer, SearchOutcome
+from loadertune.search.settings import SearchSettings, default_storage
+from loadertune.search.study import StudyLog, quiet_optuna
+from loadertune.space import Config, SearchSpace, worker_cap
+from loadertune.trial import Limits, TrialResult, TrialRunner, window_for
+
+
+class Search:
+    """One search over one workload. See the module docstring.
+
+    Args:
+        runner: runs trials of the workload.
+        hardware: this machine.
+        baseline: the user's own settings (measured first, and re-measured at the end); None
+            when only the first trial can tell them (a script's own loader).
+        batch_sizes: the batch sizes to consider (the baseline's is added; empty: only it).
+        settings: budget and policy.
+        observer: hears progress (None: silent).
+    """
+
+    def __init__(
+        self,
+        runner: TrialRunner,
+        *,
+        hardware: Hardware,
+        baseline: Config | None,
+        batch_sizes: Sequence[int],
+        settings: SearchSettings,
+        observer: Observer | None = None,
+    ) -> None:
+        self.runner = runner
+        self.hw = hardware
+        self._baseline = baseline
+        self._batch_sizes = tuple(batch_sizes)
+        self.settings = settings
+        self.observer = observer
+        self.storage = settings.storage or default_storage()
+        self.trials: list[TrialResult] = []
+        self.values: dict[Config, float] = {}
+        self.frontier = Frontier(margin=settings.memory_margin)
+        self.best: TrialResult | None = None
+        self._best_value = 0.0
+        self._since_gain = 0
+        self._n_run = 0
+        self._deadline = 0.0
+        self._memory_budget: int | None = None
+
+    @property
+    def baseline(self) -> Config:
+        if self._baseline is None:
+            raise RuntimeError("the baseline is known after the first trial")
+        return self._baseline
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        return tuple(sorted({*self._batch_sizes, self.baseline.batch_size}))
+
+    # -- bookkeeping -----------------------------------------------------------------------------
+
+    def _remaining(self) -> float:
+        return self._deadline - time.monotonic()
+
+    def _typical_wall(self) -> float:
+        walls = [t.wall_s for t in self.trials if t.ok and t.phase != "replay"]
+        return statistics.median(walls) if walls else self.settings.trial_window_s + 1.0
+
+    def _limits(self) -> Limits:
+        ok = [t for t in self.trials if t.ok and t.measurement and t.measurement.n_batches]
+        if ok:
+            per_batch = max(
+                t.measurement.window_s / t.measurement.n_batches for t in ok if t.measurement
+            )
+            startup = max(t.wall_s for t in ok)
+            hang = max(5.0, 20 * per_batch)
+            start = min(self.settings.startup_timeout_s, max(15.0, 4 * startup))
+        else:  # nothing known yet: scripts import, CUDA initialises
+            hang, start = 15.0, self.settings.startup_timeout_s
+        timeout = max(2.0, min(4 * self._typical_wall() + start, self._remaining() + 1.0))
+        return Limits(
+            timeout_s=timeout,
+            startup_s=min(start, timeout),
+            hang_s=hang,
+            memory_budget_bytes=self._memory_budget,
+        )
+
+    def _prune_rule(self, index: int, running: float) -> bool:
+        return (
+            index >= 1
+            and self.best is not None
+            and running < self.settings.prune_ratio * self._best_value
+        )
+
+    def _measure(self, config: Config | None, phase: str, *, prunable: bool = False) -> TrialResult:
+        """Run one trial (``config=None``: the workload's own settings) and learn from it."""
+        if self.observer:
+            self.observer.trial_started(config, phase)
+        window = window_for(config or Config(1), window_s=self.settings.trial_window_s)
+        result = self.runner.run(
+            config,
+            window=window,
+            limits=self._limits(),
+            phase=phase,
+            should_stop=self._prune_rule if prunable else None,
+        )
+        self.trials.append(result)
+        if phase != "replay":
+            self._n_run += phase != "confirm"
+            self._learn(result)
+        if self.observer:
+            self.observer.trial_finished(result, self.best)
+        if result.failure is not None and result.failure.user_bug:
+            raise self.runner.user_error(
+                result.failure.message, kind=result.failure.kind, detail=result.failure.detail
+            )
+        return result
+
+    def _learn(self, result: TrialResult) -> None:
+        self.frontier.learn(result)
+        if result.failure is not None:
+            self._since_gain += 1
+            return
+        value = result.epoch_samples_per_s
+        if value is None or result.pruned or result.phase == "confirm":
+            self._since_gain += result.phase != "confirm"
+            return
+        self.values[result.config] = max(value, self.values.get(result.config, 0.0))
+        if value > self._best_value * (1 + self.settings.min_gain):
+            self._since_gain = 0
+        else:
+            self._since_gain += 1
+        if value > self._best_value:
+            self.best, self._best_value = result, value
+
+    # -- phases ----------------------------------------------------------------------------------
+
+    def _measure_baseline(self) -> TrialResult:
+        """Measure the user's settings; a script's are learnt from this first trial."""
+        base = self._measure(self._baseline, "baseline")
+        if self._baseline is None:
+            if "loader" not in base.extra:
+                why = base.failure.message if base.failure else "it reported no loader"
+                raise LoadertuneError(f"could not measure the workload's own settings: {why}")
+            self._baseline = base.config
+        return base
+
+    def _probe(self) -> tuple[TrialResult, TrialResult | None, TrialResult]:
+        """Baseline, num_workers=0 and 1 at the user's batch size, and the replay."""
+        base = self._measure_baseline()
+        bs = self.baseline.batch_size
+        w0 = base if self.baseline == Config(bs) else None
+        if w0 is None:
+            w0 = self._measure(Config(bs), "probe")
+        w1 = None
+        cap = self.settings.max_workers
+        if cap is None or cap >= 1:
+            one = Config(bs, 1, 2, False, False)
+            w1 = base if self.baseline == one else self._measure(one, "probe")
+        replay = self._measure(Config(bs), "replay")
+        if not (w0.ok and replay.ok):
+            why = w0.failure or replay.failure
+            raise LoadertuneError(
+                f"the probe could not measure the workload with num_workers=0: "
+                f"{why.message if why else 'no result'}; {why.advice if why else ''}"
+            )
+        return w0, (w1 if w1 is not None and w1.ok else None), replay
+
+    def _build_space(
+        self, w0: TrialResult, w1: TrialResult | None
+    ) -> tuple[SearchSpace, dict[str, int]]:
+        m0 = w0.measurement
+        io_bound = m0 is not None and (m0.blocked_cpu_fraction or 1.0) < 0.5
+        worker_pss = w1.resources.worker_pss_bytes if w1 and w1.resources else None
+        cap, limits = worker_cap(
+            usable_cpus=self.hw.usable_cpus,
+            io_bound=io_bound,
+            ram_budget_bytes=self._memory_budget,
+            main_pss_bytes=None,
+            worker_pss_bytes=worker_pss,
+            user_max=self.settings.max_workers,
+        )
+        in_flight_budget = None
+        if self.hw.shm_free_bytes:
+            in_flight_budget = self.settings.shm_fraction * self.hw.shm_free_bytes
+        space = SearchSpace(
+            batch_sizes=self.batch_sizes,
+            max_workers=cap,
+            pin_memory=(False, True) if self.runner.uses_cuda else (False,),
+            persistent_workers=(False, True)
+            if self.runner.epoch_samples
+            else (self.baseline.persistent_workers,),
+            max_in_flight_bytes=in_flight_budget,
+            bytes_per_sample=self.runner.bytes_per_sample,
+            limits=limits,
+        )
+        return space, limits
+
+    def _stop_reason(
+        self, space_size: int, n_batch_sizes: int, est: Estimates | None, reserve_s: float
+    ) -> str | None:
+        s = self.settings
+        if self._remaining() - reserve_s < self._typical_wall():
+            return "budget"
+        if s.n_trials is not None and self._n_run >= s.n_trials:
+            return "n_trials"
+        if self._since_gain >= s.patience:
+            return "no_improvement"
+        if len(self.values) + len(self.frontier.failed) >= space_size:
+            return "space_exhausted"
+        if est is not None and n_batch_sizes == 1 and self._best_value >= 0.97 * est.achievable:
+            return "at_ceiling"
+        return None
+
+    def _explore(self, log: StudyLog, space: SearchSpace, est: Estimates | None) -> str:
+        reserve = self._confirm_cost()
+        space_size = len(space.configs())
+        idle = 0  # consecutive proposals that ran nothing (duplicates, skips)
+        verified = False
+        while True:
+            if not verified and self.frontier.memory_model()[0] is not None:
+                verified = True  # once, as soon as two batch sizes have run: verify the largest
+                size = self.frontier.largest_safe_batch(list(space.batch_sizes))
+                if self.best and size and not any(c.batch_size == size for c in self.values):
+                    log.enqueue(dataclasses.replace(self.best.config, batch_size=size))
+            reason = self._stop_reason(space_size, len(space.batch_sizes), est, reserve)
+            if reason:
+                return reason
+            if idle >= 50:
+                return "no_new_proposals"
+            config = log.ask(space)
+            skip = space.rejects(config) or self.frontier.rules_out(config)
+            if skip is not None:
+                log.skip(skip)
+                idle += 1
+                continue
+            if config in self.values:  # measured already: reuse the value
+                log.duplicate(self.values[config])
+                self._since_gain += 1
+                idle += 1
+                continue
+            idle = 0
+            log.tell(self._measure(config, "search", prunable=True))
+
+    def _confirm_cost(self) -> float:
+        """Seconds to keep for the confirmation: its rounds, or at most 40% of the budget."""
+        n = 1 + self.settings.finalists + (len(self.batch_sizes) > 1)  # + best at the user's bs
+        rounds = max(2, self.settings.confirm_rounds)
+        return min(0.4 * self.settings.budget_s, n * rounds * self._typical_wall())
+
+    def _finalists(self) -> list[Config]:
+        ranked = sorted(
+            (c for c in self.values if self.frontier.may_win(c)),
+            key=lambda c: self.values[c],
+            reverse=True,
+        )
+        if not ranked:
+            return []
+        top = [c for c in ranked if self.values[c] >= 0.85 * self.values[ranked[0]]][
+            : self.settings.finalists
+        ]
+        at_user_bs = [c for c in ranked if c.batch_size == self.baseline.batch_size][:1]
+        return list(dict.fromkeys([*top, *at_user_bs]))
+
+    def _confirm(
+        self, log: StudyLog, space: SearchSpace, *, baseline_only: bool = False
+    ) -> Confirmation | None:
+        finalists = [] if baseline_only else self._finalists()
+        configs = list(dict.fromkeys([*finalists, self.baseline]))
+        wall = self._typical_wall()
+        rounds = min(
+            self.settings.confirm_rounds, int(self._remaining() // max(wall * len(configs), 1e-9))
+        )
+        if rounds < 1:
+            return None
+
+        def run(config: Config) -> TrialResult:
+            result = self._measure(config, "confirm")
+            log.record(space, result)
+            return result
+
+        return confirm(
+            run, finalists, self.baseline, rounds=rounds, deadline=self._deadline, trial_wall_s=wall
+        )
+
+    # -- the whole search --------------------------------------------------------------------------
+
+    def run(self) -> SearchOutcome:
+        t0 = time.monotonic()
+        self._deadline = t0 + self.settings.budget_s
+        # In-process trials share this process, whose memory is the user's: the budget is on top.
+        own = tree_pss(os.getpid()) if self.runner.in_process else 0
+        self._memory_budget = own + int(
+            self.settings.memory_budget_fraction * self.hw.ram_budget_bytes
+        )
+        if self.observer:
+            self.observer.search_started(self._deadline, self.settings.budget_s)
+        with quiet_optuna():
+            log = StudyLog(
+                self.storage,
+                self.settings.study_name,
+                resume=self.settings.resume,
+                seed=self.settings.seed,
+            )
+            try:
+                return self._run(log, t0)
+            except KeyboardInterrupt as exc:
+                log.abandon("interrupted")
+                n = log.n_complete()
+                best = None
+                if self.best is not None:
+                    best = {
+                        "loader_kwargs": self.best.params,
+                        "samples_per_s": self.best.samples_per_s,
+                        "epoch_samples_per_s": self.best.epoch_samples_per_s,
+                    }
+                raise SearchInterrupted(
+                    f"search interrupted; {n} completed trials are kept in study "
+                    f"{self.settings.study_name!r} ({self.storage}); "
+                    "run the same command again to resume",
+                    study_name=self.settings.study_name,
+                    storage=self.storage,
+                    n_complete=n,
+                    best=best,
+                ) from exc
+            except UserCodeError as exc:
+                log.abandon(exc.kind)
+                raise
+
+    def _run(self, log: StudyLog, t0: float) -> SearchOutcome:
+        previous = log.previous()
+        est: Estimates | None
+        if previous is None:
+            if self.observer:
+                self.observer.phase("probe")
+            w0, w1, replay = self._probe()
+            space, _ = self._build_space(w0, w1)
+            est = estimate(
+                w0=w0,
+                w1=w1,
+                replay=replay,
+                usable_cpus=self.hw.usable_cpus,
+                max_workers=space.max_workers,
+                pinned=True in space.pin_memory,
+            )
+            log.save_probe(space, est, self.baseline)
+            for result in self.trials:
+                if result.phase in ("baseline", "probe"):
+                    log.record(space, result)
+        else:
+            space, est = previous.space, previous.estimates
+            self.values.update(previous.values)
+            self.frontier.learn_previous(list(previous.values), previous.failed)
+            self._best_value = max(self.values.values(), default=0.0)
+            if self._baseline is None:
+                self._measure_baseline()
+            space = dataclasses.replace(
+                space, batch_sizes=tuple(sorted({*space.batch_sizes, *self.batch_sizes}))
+            )
+        base = next((t for t in self.trials if t.phase == "baseline"), None)
+        if len(space.batch_sizes) == 1 and analysis.loader_keeps_up(base, est):
+            reason = "compute_bound"  # nothing to gain: confirm the baseline and stop
+        else:
+            if self.observer:
+                self.observer.phase("explore")
+            for seed in (
+                seed_configs(
+                    est,
+                    space,
+                    batch_size=self.baseline.batch_size,
+                    epoch_length_known=bool(self.runner.epoch_samples),
+                )
+                if est
+                else []
+            ):
+                if seed not in self.values:
+                    log.enqueue(seed)
+            reason = self._explore(log, space, est)
+        if self.observer:
+            self.observer.phase("confirm")
+        confirmation = self._confirm(log, space, baseline_only=reason == "compute_bound")
+        winner = (confirmation.winner if confirmation and confirmation.winner else None) or (
+            max(self.values, key=lambda c: self.values[c]) if self.values else None
+        )
+        if winner is None:
+            causes = sorted({kind for _, kind in self.frontier.failed})
+            raise LoadertuneError(
+                f"every trial failed ({', '.join(causes) or 'no result'}); "
+                "see the trial table for each cause and its fix"
+            )
+        return SearchOutcome(
+            baseline=self.baseline,
+            winner=winner,
+            trials=self.trials,
+            confirmation=confirmation,
+            estimates=est,
+            space=space,
+            stop_reason=reason,
+            study_name=self.settings.study_name,
+            storage=self.storage,
+            elapsed_s=time.monotonic() - t0,
+            n_previous_trials=log.n_at_start,
+            user_batch_size=self.baseline.batch_size,
+            values=dict(self.values),
+            memory_margin=self.settings.memory_margin,
+        )

@@ -1,0 +1,60 @@
+"""What a search hands back, and who may listen while it runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from loadertune.confirm import Confirmation
+from loadertune.probe import Estimates
+from loadertune.space import Config, SearchSpace
+from loadertune.trial import TrialResult
+
+
+class Observer(Protocol):
+    """Hears the search as it goes (the live view in :mod:`loadertune.report`)."""
+
+    def search_started(self, deadline: float, budget_s: float) -> None: ...
+    def phase(self, name: str) -> None: ...
+    def trial_started(self, config: Config | None, phase: str) -> None: ...
+    def trial_finished(self, result: TrialResult, best: TrialResult | None) -> None: ...
+
+
+@dataclass
+class SearchOutcome:
+    """Everything a search found; :mod:`loadertune.api` turns it into a Recommendation."""
+
+    baseline: Config
+    winner: Config
+    trials: list[TrialResult]
+    confirmation: Confirmation | None
+    estimates: Estimates | None
+    space: SearchSpace
+    stop_reason: str
+    study_name: str
+    storage: str
+    elapsed_s: float
+    n_previous_trials: int
+    user_batch_size: int
+    values: dict[Config, float] = field(default_factory=dict)  # best search value per setting
+    memory_margin: float = 0.10
+
+    def results_for(self, config: Config) -> list[TrialResult]:
+        """The measurements that speak for ``config``: its confirmation rounds, else its trials."""
+        if self.confirmation is not None and self.confirmation.results.get(config):
+            return self.confirmation.results[config]
+        return [t for t in self.trials if t.config == config and t.phase != "replay"]
+
+    def value(self, config: Config) -> float | None:
+        """The confirmed median when there is one, else the search's figure."""
+        if self.confirmation is not None and self.confirmation.median(config) is not None:
+            return self.confirmation.median(config)
+        return self.values.get(config)
+
+    def best_at_batch_size(self, batch_size: int) -> Config | None:
+        candidates = [
+            c
+            for c in {*self.values, *(self.confirmation.values if self.confirmation else {})}
+            if c.batch_size == batch_size and self.value(c) is not None
+        ]
+        return max(candidates, key=lambda c: self.value(c) or 0.0) if candidates else None

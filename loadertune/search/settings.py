@@ -1,0 +1,98 @@
+"""How a search spends its budget, and where its study lives."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from loadertune.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """How a search spends its budget. Every field has a sensible default.
+
+    Attributes:
+        budget_s: wall-clock cap of the whole search, confirmation included.
+        n_trials: cap on settings measured in the probe and exploration (None: budget only).
+        window_s: measured window per trial (None: budget_s / 40, within 0.5..3 s).
+        startup_timeout_s: how long the first trial may take to reach its first batch (a
+            script's imports, dataset and model set-up); later trials get a limit from it.
+        max_workers: the user's cap on ``num_workers`` (None: derived from the machine).
+        finalists: settings besides the baseline re-measured at the end.
+        confirm_rounds: interleaved rounds of that re-measurement.
+        patience: stop exploring after this many trials without a gain of ``min_gain``.
+        min_gain: relative gain that counts as an improvement (below it is noise).
+        prune_ratio: stop a trial mid-window when its rate is below this fraction of the best.
+        memory_margin: share of GPU memory kept free when predicting the largest batch that fits
+            (memory creeps up during real training).
+        memory_budget_fraction: share of available RAM a trial's processes may add.
+        shm_fraction: share of free ``/dev/shm`` that batches in flight may take.
+        seed: seed of the sampler, for repeatable proposals.
+        storage: an Optuna storage URL (None: SQLite in the user's cache directory).
+        study_name: name of the study in that storage; the same name resumes it.
+        resume: continue an existing study of that name (False: start it afresh).
+    """
+
+    budget_s: float = 60.0
+    n_trials: int | None = None
+    window_s: float | None = None
+    startup_timeout_s: float = 120.0
+    max_workers: int | None = None
+    finalists: int = 2
+    confirm_rounds: int = 3
+    patience: int = 8
+    min_gain: float = 0.02
+    prune_ratio: float = 0.6
+    memory_margin: float = 0.10
+    memory_budget_fraction: float = 0.8
+    shm_fraction: float = 0.5
+    seed: int | None = None
+    storage: str | None = None
+    study_name: str = "loadertune"
+    resume: bool = True
+
+    def __post_init__(self) -> None:
+        if not (
+            isinstance(self.budget_s, (int, float))
+            and math.isfinite(self.budget_s)
+            and self.budget_s > 0
+        ):
+            raise ConfigError(
+                f"budget_s must be a positive number of seconds, but got {self.budget_s=}."
+            )
+        if self.n_trials is not None and (not isinstance(self.n_trials, int) or self.n_trials < 1):
+            raise ConfigError(f"n_trials must be a positive int or None, but got {self.n_trials=}.")
+        if self.window_s is not None and not self.window_s > 0:
+            raise ConfigError(f"window_s must be > 0 seconds, but got {self.window_s=}.")
+        if not self.startup_timeout_s > 0:
+            raise ConfigError(
+                f"startup_timeout_s must be > 0 seconds, but got {self.startup_timeout_s=}."
+            )
+        if not 0 < self.memory_budget_fraction <= 1:
+            raise ConfigError(
+                f"memory_budget_fraction must be in (0, 1], but got {self.memory_budget_fraction=}."
+            )
+        if not 0 <= self.memory_margin < 1:
+            raise ConfigError(f"memory_margin must be in [0, 1), but got {self.memory_margin=}.")
+        if self.confirm_rounds < 1 or self.finalists < 1 or self.patience < 1:
+            raise ConfigError("confirm_rounds, finalists and patience must be >= 1.")
+
+    @property
+    def trial_window_s(self) -> float:
+        return self.window_s or min(3.0, max(0.5, self.budget_s / 40))
+
+
+def default_storage() -> str:
+    """SQLite in ``$LOADERTUNE_CACHE_DIR`` or the user's cache directory."""
+    env = os.environ.get("LOADERTUNE_CACHE_DIR")
+    if env:
+        root = Path(env)
+    else:
+        import platformdirs
+
+        root = Path(platformdirs.user_cache_dir("loadertune"))
+    root.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{root / 'studies.db'}"

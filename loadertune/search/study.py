@@ -1,0 +1,231 @@
+"""The Optuna study a search persists into: the only place loadertune talks to Optuna.
+
+Every trial the search measures lands in the study: explored settings through ask/tell, the
+probe's and the confirmation's through ``add_trial``, with the full result in the user
+attributes. The probe's estimates and the space are study attributes, so a later run of the same
+study resumes where this one stopped, and the history can be read with Optuna's own tools
+(``optuna-dashboard``, ``study.trials_dataframe()``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
+from optuna.trial import TrialState
+
+from loadertune.errors import ConfigError
+from loadertune.probe import Estimates
+from loadertune.space import Config, SearchSpace
+from loadertune.trial import TrialResult
+
+
+def _distributions(space: SearchSpace, config: Config) -> dict[str, BaseDistribution]:
+    dists: dict[str, BaseDistribution] = {
+        "batch_size": CategoricalDistribution(space.batch_sizes),
+        "num_workers": IntDistribution(0, space.max_workers),
+        "pin_memory": CategoricalDistribution(space.pin_memory),
+    }
+    if config.num_workers:  # the conditional part of the space
+        dists["prefetch_factor"] = CategoricalDistribution(space.prefetch_factors)
+        dists["persistent_workers"] = CategoricalDistribution(space.persistent_workers)
+    return dists
+
+
+def _params(config: Config) -> dict[str, Any]:
+    kwargs = config.loader_kwargs()
+    if not config.num_workers:
+        kwargs.pop("persistent_workers")
+    return kwargs
+
+
+@contextlib.contextmanager
+def quiet_optuna() -> Iterator[None]:
+    """Optuna logs every trial at INFO; keep the terminal for our own view, and restore after."""
+    before = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            yield
+    finally:
+        optuna.logging.set_verbosity(before)
+
+
+@dataclass
+class Previous:
+    """What an earlier run of the same study left: its space, estimates and results."""
+
+    space: SearchSpace
+    estimates: Estimates
+    values: dict[Config, float] = field(default_factory=dict)  # best value per setting
+    failed: list[tuple[Config, str]] = field(default_factory=list)
+
+
+class StudyLog:
+    """One search's study.
+
+    Args:
+        storage: an Optuna storage URL.
+        name: the study's name; an existing study of that name is resumed.
+        resume: False deletes an existing study of that name first.
+        seed: the sampler's seed.
+
+    Raises:
+        ConfigError: the storage cannot be opened, or the name belongs to another kind of study.
+    """
+
+    def __init__(self, storage: str, name: str, *, resume: bool, seed: int | None) -> None:
+        self.storage, self.name = storage, name
+        # TPE over the conditional space; multivariate+group model the parameters together.
+        sampler = optuna.samplers.TPESampler(
+            multivariate=True, group=True, seed=seed, n_startup_trials=5, constant_liar=False
+        )
+        try:
+            if not resume:
+                with contextlib.suppress(KeyError):
+                    optuna.delete_study(study_name=name, storage=storage)
+            self.study = optuna.create_study(
+                storage=storage,
+                study_name=name,
+                sampler=sampler,
+                direction="maximize",
+                load_if_exists=True,
+            )
+        except ValueError as exc:  # a study of that name optimises something else
+            raise ConfigError(
+                f"study {name!r} in {storage} is not a loadertune study: {exc}"
+            ) from exc
+        except Exception as exc:  # sqlalchemy's ArgumentError, NoSuchModuleError, OperationalError
+            raise ConfigError(
+                f"storage={storage!r} is not a storage Optuna can open ({type(exc).__name__}: "
+                f"{exc}). Pass a URL such as sqlite:///path/to/studies.db, or leave it out."
+            ) from exc
+        self._open: optuna.trial.Trial | None = None
+        self.n_at_start = len(self.study.trials)
+
+    # -- resuming --------------------------------------------------------------------------------
+
+    def previous(self) -> Previous | None:
+        """The state of an earlier run of this study (None if there was none). A trial left
+        running by a run that died is closed as failed."""
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            self.study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+        attrs = self.study.user_attrs
+        if "space" not in attrs or "estimates" not in attrs:
+            return None
+        space_d = dict(attrs["space"])
+        for key in ("batch_sizes", "prefetch_factors", "pin_memory", "persistent_workers"):
+            space_d[key] = tuple(space_d[key])
+        fields = {f.name for f in dataclasses.fields(Estimates)}
+        prev = Previous(
+            SearchSpace(**space_d),
+            Estimates(**{k: v for k, v in attrs["estimates"].items() if k in fields}),
+        )
+        for t in self.study.get_trials(deepcopy=False):
+            try:
+                config = Config.from_kwargs(t.params)
+            except (ConfigError, KeyError):
+                continue
+            if t.state == TrialState.COMPLETE and t.value is not None:
+                prev.values[config] = max(t.value, prev.values.get(config, 0.0))
+            elif t.state == TrialState.FAIL and t.user_attrs.get("error"):
+                prev.failed.append((config, t.user_attrs["error"]))
+        return prev
+
+    def save_probe(self, space: SearchSpace, estimates: Estimates, baseline: Config) -> None:
+        self.study.set_user_attr("space", dataclasses.asdict(space))
+        self.study.set_user_attr("estimates", estimates.to_dict())
+        self.study.set_user_attr("baseline", baseline.loader_kwargs())
+
+    # -- trials ----------------------------------------------------------------------------------
+
+    def enqueue(self, config: Config) -> None:
+        self.study.enqueue_trial(_params(config), skip_if_exists=True)
+
+    def ask(self, space: SearchSpace) -> Config:
+        """The sampler's next setting (an enqueued one first); answer it with one of the
+        ``tell``/``skip``/``duplicate`` calls."""
+        trial = self._open = self.study.ask()
+        bs = trial.suggest_categorical("batch_size", space.batch_sizes)
+        workers = trial.suggest_int("num_workers", 0, space.max_workers)
+        pf = pers = None
+        if workers:
+            pf = trial.suggest_categorical("prefetch_factor", space.prefetch_factors)
+            pers = trial.suggest_categorical("persistent_workers", space.persistent_workers)
+        pin = trial.suggest_categorical("pin_memory", space.pin_memory)
+        return Config(int(bs), workers, pf, bool(pin), bool(pers))
+
+    def _close(self) -> optuna.trial.Trial:
+        trial, self._open = self._open, None
+        if trial is None:
+            raise RuntimeError("no open trial: call ask() first")
+        return trial
+
+    def tell(self, result: TrialResult) -> None:
+        """Record the measurement of the setting ``ask`` returned."""
+        trial = self._close()
+        result.number = trial.number
+        trial.set_user_attr("phase", result.phase)
+        trial.set_user_attr("error", result.error)
+        trial.set_user_attr("result", result.to_dict())
+        if result.failure is not None:
+            self.study.tell(trial, state=TrialState.FAIL)
+        elif result.pruned:
+            subs = result.measurement.sub_window_samples_per_s if result.measurement else []
+            for i, rate in enumerate(subs):
+                trial.report(rate, i)
+            self.study.tell(trial, state=TrialState.PRUNED)
+        else:
+            self.study.tell(trial, result.epoch_samples_per_s)
+
+    def skip(self, reason: str) -> None:
+        """The setting ``ask`` returned is not run (``reason``); recorded as pruned."""
+        trial = self._close()
+        trial.set_user_attr("skipped", reason)
+        self.study.tell(trial, state=TrialState.PRUNED)
+
+    def duplicate(self, value: float) -> None:
+        """The setting was measured already: its value again (the way Optuna's FAQ suggests)."""
+        trial = self._close()
+        trial.set_user_attr("duplicate", True)
+        self.study.tell(trial, value)
+
+    def abandon(self, reason: str) -> None:
+        """Close an open trial as failed (Ctrl-C, the user's bug) so no trial stays RUNNING."""
+        if self._open is not None:
+            trial = self._close()
+            trial.set_user_attr("error", reason)
+            self.study.tell(trial, state=TrialState.FAIL)
+
+    def record(self, space: SearchSpace, result: TrialResult) -> None:
+        """Add a trial measured outside ask/tell (probe, confirmation), if it is in the space."""
+        if space.rejects(result.config) is not None:
+            return
+        if result.failure is not None:
+            state = TrialState.FAIL
+        else:
+            state = TrialState.PRUNED if result.pruned else TrialState.COMPLETE
+        self.study.add_trial(
+            optuna.trial.create_trial(
+                params=_params(result.config),
+                distributions=_distributions(space, result.config),
+                value=result.epoch_samples_per_s if state == TrialState.COMPLETE else None,
+                state=state,
+                user_attrs={
+                    "phase": result.phase,
+                    "error": result.error,
+                    "result": result.to_dict(),
+                },
+            )
+        )
+        result.number = len(self.study.trials) - 1
+
+    def n_complete(self) -> int:
+        return len(self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))

@@ -1,0 +1,118 @@
+"""`loadertune search` on the image example, against an exhaustive grid of the same space.
+
+1. ``loadertune search examples/train_images.py --budget 60 --json -- ARGS``: the tuner, through
+   the CLI, every trial a fresh run of the unmodified script; its wall time is recorded.
+2. The grid: every setting of the space that search explored, each a script trial (a fresh
+   process, the script's own loop measured), once.
+3. Side by side: the grid's three best, the tuner's pick, the script's own settings and the
+   folklore setting (``num_workers=4, pin_memory=True``), in interleaved rounds; medians.
+
+    python scripts/bench_script.py [--budget 60] [--rounds 5] [-- SCRIPT ARGS]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from loadertune import hardware
+from loadertune.script import ScriptRunner
+from loadertune.space import Config
+from loadertune.trial import Limits, window_for
+
+import benchlib
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--script", default=str(ROOT / "examples" / "train_images.py"))
+    ap.add_argument("--budget", type=float, default=60.0)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--window", type=float, default=1.5)
+    ap.add_argument("--out", default="bench-results/bench_script.json")
+    ap.add_argument("script_args", nargs="*", default=["--epochs", "5"])
+    args = ap.parse_args()
+    hw = hardware.detect()
+    print(f"machine: {hw.describe()}\ncommand: python {' '.join(sys.argv)}", flush=True)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.monotonic()
+        command = [
+            sys.executable,
+            "-m",
+            "loadertune",
+            "search",
+            args.script,
+            "--json",
+            "--fresh",
+            "--budget",
+            str(args.budget),
+            "--out",
+            f"{tmp}/rec.json",
+            "--",
+            *args.script_args,
+        ]
+        proc = subprocess.run(command, capture_output=True, text=True, check=True)
+        wall = time.monotonic() - t0
+    rec = json.loads(proc.stdout)
+    pick = Config.from_kwargs(rec["loader_kwargs"])
+    own = Config.from_kwargs(rec["baseline"]["loader_kwargs"])
+    print(
+        f"loadertune search: {pick.label()} in {wall:.0f} s (budget {args.budget:.0f} s), "
+        f"{len(rec['trials'])} trials, stopped: {rec['search']['stop_reason']}",
+        flush=True,
+    )
+
+    runner = ScriptRunner(args.script, args.script_args, loader=rec["workload"]["loader_index"])
+    limits = Limits(timeout_s=120, startup_s=90, hang_s=20)
+
+    def measure(config: Config) -> float | None:
+        window = window_for(config, window_s=args.window)
+        return runner.run(config, window=window, limits=limits).epoch_samples_per_s
+
+    space = benchlib.space_from(rec["search"])
+    t0 = time.monotonic()
+    grid = benchlib.grid(measure, space.configs())
+    print(f"grid: {len(grid)} settings in {time.monotonic() - t0:.0f} s", flush=True)
+    folklore = Config(own.batch_size, 4, 2, pin_memory=True)
+    rows = benchlib.compare(
+        measure, grid, {"tuner": pick, "script's own": own, "folklore": folklore}, args.rounds
+    )
+    runner.close()
+    print(f"\nsamples/s per epoch, medians of {args.rounds} interleaved rounds\n")
+    print("| | setting | samples/s | range | % of grid best |\n|---|---|---:|---:|---:|")
+    for name, r in rows.items():
+        print(
+            f"| {name} | {r['setting']} | {r['median']:,.0f} | {r['min']:,.0f}..{r['max']:,.0f} "
+            f"| {r['percent_of_grid']:.1f}% |"
+        )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        json.dumps(
+            {
+                "machine": hw.describe(),
+                "command": " ".join(sys.argv),
+                "search_wall_s": wall,
+                "grid_settings": len(grid),
+                "rows": rows,
+                "search": rec["search"],
+            },
+            indent=2,
+            default=str,
+        )
+    )
+    print(f"\nwritten to {out}")
+
+
+if __name__ == "__main__":
+    main()
