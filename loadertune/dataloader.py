@@ -8,6 +8,9 @@ reports (which device, its peak memory).
 from __future__ import annotations
 
 import contextlib
+import re
+import signal
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -123,6 +126,48 @@ def duplicated_across_workers(
     finally:
         del it
     return _same(first, second)
+
+
+_WORKER_DEATH = re.compile(r"DataLoader worker \(pid")
+
+
+@contextlib.contextmanager
+def worker_deaths_ignored() -> Iterator[None]:
+    """Silence DataLoader's SIGCHLD handler while a failed loader is taken down.
+
+    When one worker dies, the handler raises in the main thread; while that failure is being
+    handled, its siblings die too and the handler would raise again, anywhere. The loader's
+    workers are shut down explicitly meanwhile, so nothing is missed. Main thread only (where
+    signal handlers live); elsewhere a no-op.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
+
+
+def settle(fn: Callable[[], Any], attempts: int = 5) -> Any:
+    """Run ``fn``, again if an echo of a worker's death (raised by DataLoader's SIGCHLD handler
+    before it was silenced) interrupts it. ``fn`` must be safe to run twice."""
+    for _ in range(attempts - 1):
+        try:
+            return fn()
+        except RuntimeError as exc:
+            if not _WORKER_DEATH.search(str(exc)):
+                raise
+    return fn()
+
+
+def shut_down(iterator: object) -> None:
+    """Stop a DataLoader iterator's workers now (idempotent), rather than at garbage collection,
+    which a traceback holding its frames can delay indefinitely."""
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if callable(shutdown):
+        shutdown()
 
 
 def dead_worker_signals(iterator: object) -> tuple[int, ...]:

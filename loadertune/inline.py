@@ -12,6 +12,7 @@ full process isolation in :mod:`loadertune.script`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import itertools
 import os
@@ -40,9 +41,22 @@ def _children() -> dict[int, psutil.Process]:
         return {}
 
 
+def multiprocessing_helper(proc: psutil.Process) -> bool:
+    """A process multiprocessing keeps for this process's lifetime (the resource tracker; the
+    fork server, Python 3.14's default): not a worker, and killing it breaks multiprocessing."""
+    try:
+        cmdline = " ".join(proc.cmdline())
+    except psutil.Error:
+        return False
+    return "multiprocessing.resource_tracker" in cmdline or "multiprocessing.forkserver" in cmdline
+
+
 def kill_new_children(before: set[int], grace_s: float = 3.0) -> int:
-    """SIGKILL every descendant of this process not in ``before``; return how many there were."""
-    new = [p for pid, p in _children().items() if pid not in before]
+    """SIGKILL every descendant of this process not in ``before`` (multiprocessing's own helpers
+    excepted; the workers they started are not spared); return how many there were."""
+    new = [
+        p for pid, p in _children().items() if pid not in before and not multiprocessing_helper(p)
+    ]
     for p in new:
         with contextlib.suppress(psutil.Error):
             p.kill()
@@ -170,67 +184,101 @@ class InlineRunner:
         )
         dog = _Watchdog(sup, before)
         step = self._step(config)
-        loader = batches = meter = None
+        held = _Held()
         self._where = "loader"
+        error: BaseException | None = None
         try:
             with sup, dog, dl.quiet_worker_warning():
-                loader = self._loader(config, limits)
-                result.epoch_samples = dl.epoch_samples(loader)
-                batches = self._batches(loader, config, replay)
-                meter = Meter(
-                    window,
-                    count=dl.sample_counter(loader),
-                    sink=sup,
-                    sync=dl.cuda_sync,
-                    measure_cpu=config.num_workers == 0 and not replay,
-                )
-                self._loop(meter, batches, step)
-                measurement = meter.result() if meter.done else meter.finish_now()
-                if measurement is None:
-                    raise _TooShort(result.epoch_samples, config, window)
-                result.measurement = measurement
-                result.resources = sup.window_ended()
-                result.pruned = sup.pruned
-                if (
-                    not replay
-                    and not measurement.reentry_s
-                    and config.num_workers
-                    and result.epoch_samples
-                ):
-                    measurement.reentry_s.append(self._reentry(loader, meter))
-        except _TooShort as exc:
-            result.failure = exc.failure()
-        except KeyboardInterrupt:
-            if not dog.interrupted:
-                raise  # the user's Ctrl-C: clean up below, then let the search record it
-            result.failure = dog.failure
-        except Exception as exc:
-            signals = dl.dead_worker_signals(meter.iterator) if meter is not None else ()
-            result.failure = dog.failure or classify_exception(
-                exc, where=self._where, worker_signals=signals, num_workers=config.num_workers
+                self._measure(result, held, config, window, limits, sup, step, replay)
+        except BaseException as exc:  # classified below, once the workers are down
+            error = exc
+        with dl.worker_deaths_ignored():
+            dl.settle(
+                functools.partial(self._settle, result, held, error, dog, config, before, replay)
             )
-        finally:
-            if meter is not None:
-                meter.release()
-            del loader, batches, meter
-            gc.collect()  # DataLoader iterators shut their workers down when collected
-            result.orphans_killed = kill_new_children(before)
-            result.cuda_peak_allocated_bytes, result.cuda_peak_reserved_bytes = dl.cuda_peaks()
-            result.cuda_capacity_bytes = dl.cuda_capacity()
-            if replay:
-                result.transfer, self._transfer = self._transfer, None
-            if torch.cuda.is_initialized():
-                result.cuda_device = dl.cuda_bus_id()
-                if result.failure is not None:
-                    torch.cuda.empty_cache()  # after an OOM, give the allocator a clean slate
-                if self.gpu_index is None:
-                    self.gpu_index = dl.nvml_index_for_current_device()
+        if isinstance(error, KeyboardInterrupt) and not dog.interrupted:
+            raise error  # the user's Ctrl-C: cleaned up; the search records it
+        del error
         if result.failure is not None:
             result.failure = sup.explain(result.failure)
         result.bytes_per_sample = self.bytes_per_sample
         result.extra["warnings"] = warnings
         result.wall_s = time.perf_counter() - t0
         return result
+
+    def _measure(
+        self,
+        result: TrialResult,
+        held: _Held,
+        config: Config,
+        window: WindowSpec,
+        limits: Limits,
+        sup: Supervisor,
+        step: Callable[[Any], Any] | None,
+        replay: bool,
+    ) -> None:
+        held.loader = loader = self._loader(config, limits)
+        result.epoch_samples = dl.epoch_samples(loader)
+        held.batches = self._batches(loader, config, replay)
+        held.meter = meter = Meter(
+            window,
+            count=dl.sample_counter(loader),
+            sink=sup,
+            sync=dl.cuda_sync,
+            measure_cpu=config.num_workers == 0 and not replay,
+        )
+        self._loop(meter, held.batches, step)
+        measurement = meter.result() if meter.done else meter.finish_now()
+        if measurement is None:
+            raise _TooShort(result.epoch_samples, config, window)
+        result.measurement = measurement
+        result.resources = sup.window_ended()
+        result.pruned = sup.pruned
+        if not replay and not measurement.reentry_s and config.num_workers and result.epoch_samples:
+            measurement.reentry_s.append(self._reentry(loader, meter))
+
+    def _settle(
+        self,
+        result: TrialResult,
+        held: _Held,
+        error: BaseException | None,
+        dog: _Watchdog,
+        config: Config,
+        before: set[int],
+        replay: bool,
+    ) -> None:
+        """Classify the failure, if any, and take the trial down. Safe to run twice."""
+        if error is not None and result.failure is None:
+            if isinstance(error, _TooShort):
+                result.failure = error.failure()
+            elif isinstance(error, KeyboardInterrupt):
+                result.failure = dog.failure if dog.interrupted else None
+            else:
+                it = held.meter.iterator if held.meter is not None else None
+                result.failure = dog.failure or classify_exception(
+                    error,
+                    where=self._where,
+                    worker_signals=dl.dead_worker_signals(it),
+                    num_workers=config.num_workers,
+                )
+        if held.meter is not None:
+            dl.shut_down(held.meter.iterator)
+            held.meter.release()
+        if held.loader is not None:
+            dl.shut_down(getattr(held.loader, "_iterator", None))  # persistent workers
+        held.loader = held.batches = held.meter = None
+        gc.collect()
+        result.orphans_killed = kill_new_children(before)
+        result.cuda_peak_allocated_bytes, result.cuda_peak_reserved_bytes = dl.cuda_peaks()
+        result.cuda_capacity_bytes = dl.cuda_capacity()
+        if replay and self._transfer is not None:
+            result.transfer, self._transfer = self._transfer, None
+        if torch.cuda.is_initialized():
+            result.cuda_device = dl.cuda_bus_id()
+            if result.failure is not None:
+                torch.cuda.empty_cache()  # after an OOM, give the allocator a clean slate
+            if self.gpu_index is None:
+                self.gpu_index = dl.nvml_index_for_current_device()
 
     def _check_sharding(self, config: Config) -> list[str]:
         """Once, for an IterableDataset: warn when its workers yield duplicate samples."""
@@ -276,6 +324,14 @@ class InlineRunner:
 
     def close(self) -> None:
         gc.collect()
+
+
+class _Held:
+    """What a trial holds while it runs, so that taking it down can release all of it."""
+
+    loader: DataLoader[Any] | None = None
+    batches: Any = None
+    meter: Meter | None = None
 
 
 class _Repeat:

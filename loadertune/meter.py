@@ -170,6 +170,43 @@ class Meter:
         on_done: called with the result when the window ends, before ``StopIteration``.
     """
 
+    # Slots: the hot path reads and writes a handful of these per batch.
+    __slots__ = (
+        "_beat_s",
+        "_clock",
+        "_count",
+        "_excluded",
+        "_first_batch_s",
+        "_fixed",
+        "_index_in_epoch",
+        "_it",
+        "_last_beat",
+        "_measure_cpu",
+        "_n_wraps",
+        "_on_done",
+        "_paused_at",
+        "_phase",
+        "_reentry_s",
+        "_result",
+        "_sink",
+        "_sub_end",
+        "_sub_excluded",
+        "_sub_rates",
+        "_sub_samples",
+        "_sub_start",
+        "_sync",
+        "_t_wrap",
+        "_w_batches",
+        "_w_blocked",
+        "_w_blocked_cpu",
+        "_w_samples",
+        "_w_start",
+        "_warmup_left",
+        "_warmup_start",
+        "failed_in_next",
+        "spec",
+    )
+
     def __init__(
         self,
         spec: WindowSpec,

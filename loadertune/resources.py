@@ -11,6 +11,7 @@ with polling as a fallback for devices that cannot report it.
 from __future__ import annotations
 
 import contextlib
+import os
 import statistics
 import threading
 import time
@@ -49,8 +50,41 @@ class ResourceUsage:
         return data
 
 
+def _child_pids(pid: int) -> list[int] | None:
+    """Children of ``pid`` from ``/proc/PID/task/*/children`` (Linux), or None if unreadable."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    pids: list[int] = []
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as fh:
+                pids.extend(int(c) for c in fh.read().split())
+        except OSError:
+            if not os.path.exists(f"/proc/{pid}/task/{tid}"):
+                continue  # the thread ended meanwhile
+            return None  # the kernel does not provide the file
+    return pids
+
+
 def process_tree(root: psutil.Process) -> list[psutil.Process]:
-    """``root`` and its live descendants."""
+    """``root`` and its live descendants.
+
+    Reads each process's own list of children where Linux provides it: cost proportional to
+    the tree, where psutil's ``children()`` reads every process of the machine.
+    """
+    procs, todo = [root], [root.pid]
+    while todo:
+        kids = _child_pids(todo.pop())
+        if kids is None:
+            break
+        for pid in kids:
+            with contextlib.suppress(psutil.Error):
+                procs.append(psutil.Process(pid))
+                todo.append(pid)
+    else:
+        return procs
     try:
         return [root, *root.children(recursive=True)]
     except psutil.Error:

@@ -14,6 +14,7 @@ group: the script is not run to completion.
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import os
 import runpy
@@ -229,6 +230,21 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+def _report_failure(controller: TrialController, chan: Channel, exc: BaseException) -> None:
+    """Send the script's exception: where it came from, its text, its traceback."""
+    meter = controller.meter
+    signals = dl.dead_worker_signals(meter.iterator) if meter is not None else ()
+    chan.send(
+        {
+            "t": "failure",
+            "where": "loader" if meter is not None and meter.failed_in_next else "script",
+            "num_workers": controller.loader.num_workers if controller.loader else 0,
+            "text": "\n".join([*map(failures.signal_text, signals), failures.chain_text(exc)]),
+            "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        }
+    )
+
+
 def run_as_main(script: str, args: list[str]) -> None:
     """Run ``script`` as ``python script args`` would: argv, ``__main__``, its directory first
     on the path."""
@@ -249,22 +265,8 @@ def main() -> None:
         except SystemExit as exc:
             how = f"the script exited with status {exc.code}"
         except BaseException as exc:  # the script's own exception: report it, then end
-            meter = controller.meter
-            in_loader = meter is not None and meter.failed_in_next
-            signals = dl.dead_worker_signals(meter.iterator) if meter is not None else ()
-            chan.send(
-                {
-                    "t": "failure",
-                    "where": "loader" if in_loader else "script",
-                    "num_workers": controller.loader.num_workers if controller.loader else 0,
-                    "text": "\n".join(
-                        [*map(failures.signal_text, signals), failures.chain_text(exc)]
-                    ),
-                    "traceback": "".join(
-                        traceback.format_exception(type(exc), exc, exc.__traceback__)
-                    ),
-                }
-            )
+            with dl.worker_deaths_ignored():
+                dl.settle(functools.partial(_report_failure, controller, chan, exc))
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(0)

@@ -181,3 +181,12 @@ def test_a_dataset_that_does_not_pickle_is_tuning_data() -> None:
     assert result.error == "pickle_error", result.failure
     assert not result.failure.user_bug  # type: ignore[union-attr]
     assert run(runner, Config(8)).ok  # without workers nothing needs pickling
+
+
+def test_many_workers_dying_at_once_never_escape_the_trial() -> None:
+    """Every worker SIGKILLs itself: while the first death is handled, DataLoader's SIGCHLD
+    handler fires again for each sibling. None of it may escape as an exception."""
+    runner = InlineRunner(FaultDataset("sigkill", min_workers=1, at=0, n=100000))
+    for _ in range(8):
+        result = run(runner, Config(8, 4, 2))
+        assert result.error in ("worker_killed", "worker_crashed"), result.failure
