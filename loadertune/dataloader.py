@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from loadertune import nvml
 from loadertune.meter import FixedCount, structure_count, structure_counter
@@ -162,12 +163,73 @@ def settle(fn: Callable[[], Any], attempts: int = 5) -> Any:
     return fn()
 
 
-def shut_down(iterator: object) -> None:
-    """Stop a DataLoader iterator's workers now (idempotent), rather than at garbage collection,
-    which a traceback holding its frames can delay indefinitely."""
+def shut_down(iterator: object, timeout_s: float = 5.0) -> bool:
+    """Stop a DataLoader iterator's workers now rather than whenever it is collected.
+
+    Torch's shutdown puts a message on each worker's queue. When a worker died while the
+    SIGCHLD handler raised inside torch's own code, a queue's lock can stay held and that put
+    blocks forever: so it runs in a helper thread, abandoned after ``timeout_s`` (it marks the
+    iterator shut down on entry, so a later ``__del__`` does nothing). The queues are closed
+    whatever happened, also for an iterator whose construction a dying worker interrupted. Kill
+    the workers first: joining dead workers is immediate. Returns False when abandoned.
+    """
+    if not isinstance(iterator, _BaseDataLoaderIter):
+        return True
     shutdown = getattr(iterator, "_shutdown_workers", None)
-    if callable(shutdown):
-        shutdown()
+    started = hasattr(iterator, "_shutdown")  # False: iter() was interrupted mid-construction
+
+    def shutdown_and_close() -> None:
+        try:
+            if started and callable(shutdown):
+                shutdown()
+        finally:  # torch skips this when a dead worker left it inconsistent; close is idempotent
+            queues = [
+                *getattr(iterator, "_index_queues", ()),
+                getattr(iterator, "_worker_result_queue", None),
+            ]
+            for q in queues:
+                with contextlib.suppress(Exception):
+                    q.cancel_join_thread()
+                    q.close()
+                    _wake_orphaned_feeder(q)
+
+    thread = threading.Thread(target=shutdown_and_close, name="loadertune-shutdown", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    return not thread.is_alive()
+
+
+def _wake_orphaned_feeder(queue: Any) -> None:
+    """End a multiprocessing queue's feeder thread that ``close()`` cannot reach.
+
+    If the SIGCHLD handler raised inside the queue's first ``put``, after its feeder thread
+    started but before the close finalizer was registered, ``close()`` has nothing to call and
+    the thread would wait forever: give it the sentinel the finalizer would have.
+    """
+    thread = getattr(queue, "_thread", None)
+    if thread is None or not thread.is_alive() or getattr(queue, "_close", True) is not None:
+        return
+    import multiprocessing.queues as mq
+
+    with queue._notempty:
+        queue._buffer.append(mq._sentinel)  # type: ignore[attr-defined]
+        queue._notempty.notify()
+
+
+def iterators_in(error: BaseException | None) -> list[object]:
+    """The DataLoader iterators that ``error``'s tracebacks hold (through their frames)."""
+    found: dict[int, object] = {}
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        tb = error.__traceback__
+        while tb is not None:
+            for value in tb.tb_frame.f_locals.values():
+                if isinstance(value, _BaseDataLoaderIter):
+                    found[id(value)] = value
+            tb = tb.tb_next
+        error = error.__cause__ or error.__context__
+    return list(found.values())
 
 
 def dead_worker_signals(iterator: object) -> tuple[int, ...]:

@@ -261,14 +261,21 @@ class InlineRunner:
                     worker_signals=dl.dead_worker_signals(it),
                     num_workers=config.num_workers,
                 )
+        # Workers first (joining dead ones is immediate), then every iterator that could run
+        # torch's shutdown later from __del__: the meter's, a persistent loader's, and any the
+        # failure's traceback holds (an epoch that failed while starting).
+        result.orphans_killed = kill_new_children(before)
+        iterators = dl.iterators_in(error)
         if held.meter is not None:
-            dl.shut_down(held.meter.iterator)
+            iterators.append(held.meter.iterator)
             held.meter.release()
         if held.loader is not None:
-            dl.shut_down(getattr(held.loader, "_iterator", None))  # persistent workers
+            iterators.append(getattr(held.loader, "_iterator", None))  # persistent workers
+        for iterator in iterators:
+            dl.shut_down(iterator)
         held.loader = held.batches = held.meter = None
         gc.collect()
-        result.orphans_killed = kill_new_children(before)
+        result.orphans_killed += kill_new_children(before)
         result.cuda_peak_allocated_bytes, result.cuda_peak_reserved_bytes = dl.cuda_peaks()
         result.cuda_capacity_bytes = dl.cuda_capacity()
         if replay and self._transfer is not None:
