@@ -161,7 +161,7 @@ _SUMMARY_ROWS = (
 
 def summary_table(rec: Recommendation) -> Table:
     """Baseline beside winner: rate, noise, blocked fraction, bottleneck, CPU, memory, GPU."""
-    table = Table(title=f"loadertune on {rec.hardware.describe()}", title_justify="left")
+    table = Table()
     table.add_column("")
     table.add_column("baseline (yours)")
     table.add_column("winner", style="bold")
@@ -170,6 +170,14 @@ def summary_table(rec: Recommendation) -> Table:
     for name, b, w in zip(_SUMMARY_ROWS, base, win, strict=True):
         table.add_row(name, b, w)
     return table
+
+
+_STAGE_NAMES = {
+    "consumer": "your step",
+    "loader": "the loader",
+    "cpu": "the CPUs, which loading and your step share",
+    "transfer": "the host-to-device copy",
+}
 
 
 def summary_lines(rec: Recommendation) -> list[str]:
@@ -183,9 +191,10 @@ def summary_lines(rec: Recommendation) -> list[str]:
         lines.append(f"speed-up {rec.speedup:.2f}x per epoch ({verdict})")
     ceiling = rec.diagnosis.get("ceiling_samples_per_s")
     if ceiling:
-        stage = rec.diagnosis.get("ceilings", {}).get("limiting_stage", "?")
+        stage = rec.diagnosis.get("ceilings", {}).get("limiting_stage")
         lines.append(
-            f"estimated ceiling {ceiling:,.0f} samples/s (limited by the {stage}); "
+            f"estimated ceiling {ceiling:,.0f} samples/s (limited by "
+            f"{_STAGE_NAMES.get(stage, stage or 'an unknown stage')}); "
             f"the winner reaches {rec.diagnosis.get('percent_of_ceiling', 0):.0f}% of it"
         )
     at_bs = rec.best_at_batch_size
@@ -234,6 +243,7 @@ def print_summary(
     console = console or Console()
     if trials:
         console.print(trials_table(rec.trials))
+    console.print(f"loadertune on {rec.hardware.describe()}", highlight=False, soft_wrap=True)
     console.print(summary_table(rec))
     for line in summary_lines(rec):
         console.print(line, highlight=False, soft_wrap=True)

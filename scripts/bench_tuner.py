@@ -103,6 +103,9 @@ def bench(workload: Any, args: argparse.Namespace) -> dict[str, Any]:
         "grid_settings": len(grid),
         "grid_s": grid_s,
         "bottleneck": rec.diagnosis.get("bottleneck"),
+        "limiting_stage": rec.diagnosis.get("ceilings", {}).get("limiting_stage"),
+        "ceiling_samples_per_s": rec.diagnosis.get("ceiling_samples_per_s"),
+        "tuner_samples_per_s": rec.samples_per_s,
         "percent_of_ceiling": rec.diagnosis.get("percent_of_ceiling"),
     }
 
@@ -120,6 +123,27 @@ def table(results: list[dict[str, Any]]) -> str:
             f"{t['median']:,.0f} | **{t['percent_of_grid']:.1f}%** | {r['tuner_wall_s']:.0f} s, "
             f"{r['tuner_trials']} | {d['median']:,.0f} ({d['percent_of_grid']:.0f}%) | "
             f"{f['median']:,.0f} ({f['percent_of_grid']:.0f}%) |"
+        )
+    return "\n".join(lines)
+
+
+def ceiling_table(results: list[dict[str, Any]]) -> str:
+    """The diagnosis of each pick: its bottleneck, the estimated achievable rate and how close
+    the pick gets (the tuner's own confirmed rate, and the side-by-side median of this run)."""
+    lines = [
+        "| workload | bottleneck | limiting stage | estimated ceiling | tuner's confirmed rate "
+        "| % of ceiling | side-by-side median, % of ceiling |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        ceiling = r.get("ceiling_samples_per_s")
+        if not ceiling:
+            continue
+        side = r["tuner"]["median"]
+        lines.append(
+            f"| {r['workload']} | {r['bottleneck']} | {r['limiting_stage']} | {ceiling:,.0f} "
+            f"| {r['tuner_samples_per_s']:,.0f} | {r['percent_of_ceiling']:.0f}% "
+            f"| {side:,.0f}, {100 * side / ceiling:.0f}% |"
         )
     return "\n".join(lines)
 
@@ -143,6 +167,8 @@ def main() -> None:
     results = [bench(w, args) for w in WORKLOADS if w.name in wanted]
     print("\nsamples/s per epoch, medians of", args.rounds, "interleaved rounds\n")
     print(table(results))
+    print("\nthe diagnosis of each pick: how close it gets to the estimated ceiling\n")
+    print(ceiling_table(results))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(

@@ -10,7 +10,14 @@ from loadertune.api import Recommendation
 from loadertune.failures import Failure
 from loadertune.hardware import Hardware
 from loadertune.meter import Measurement
-from loadertune.report import LiveView, summary_lines, summary_table, trial_line, trials_table
+from loadertune.report import (
+    LiveView,
+    print_summary,
+    summary_lines,
+    summary_table,
+    trial_line,
+    trials_table,
+)
 from loadertune.space import Config
 from loadertune.trial import TrialResult
 
@@ -189,7 +196,7 @@ def test_summary_lines() -> None:
     lines = summary_lines(_recommendation())
     assert lines[0] == "speed-up 3.50x per epoch (clearly faster than your settings)"
     assert any(
-        "estimated ceiling 5,000 samples/s (limited by the consumer)" in line and "80%" in line
+        "estimated ceiling 5,000 samples/s (limited by your step)" in line and "80%" in line
         for line in lines
     )
     assert any(line.startswith("best at your batch size: bs=64 w=4 pf=2") for line in lines)
@@ -209,7 +216,6 @@ def test_summary_lines_within_noise_and_same_batch_size() -> None:
 
 def test_summary_table_sets_baseline_beside_winner() -> None:
     text = _render(summary_table(_recommendation()))
-    assert "2 usable CPUs" in text
     assert "bs=64 w=0" in text  # baseline
     assert "bs=128 w=4 pf=2" in text  # winner
     assert "4,000" in text
@@ -229,3 +235,13 @@ def test_summary_table_without_batch_size_in_kwargs() -> None:
     }
     text = _render(summary_table(_recommendation(loader_kwargs=kwargs)))
     assert "'num_workers': 4" in text
+
+
+def test_print_summary_names_the_machine_above_the_table() -> None:
+    console = Console(file=io.StringIO(), record=True, width=60, force_terminal=False)
+    print_summary(_recommendation(), console)
+    text = console.export_text()
+    first = text.splitlines()[0]
+    assert first.startswith("loadertune on 2 usable CPUs")  # one line, not wrapped to the table
+    assert text.index("loadertune on") < text.index("baseline (yours)")
+    assert "use: DataLoader(dataset, **" in text
