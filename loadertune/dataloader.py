@@ -151,16 +151,38 @@ def worker_deaths_ignored() -> Iterator[None]:
         signal.signal(signal.SIGCHLD, previous)
 
 
-def settle(fn: Callable[[], Any], attempts: int = 5) -> Any:
-    """Run ``fn``, again if an echo of a worker's death (raised by DataLoader's SIGCHLD handler
-    before it was silenced) interrupts it. ``fn`` must be safe to run twice."""
-    for _ in range(attempts - 1):
+def is_worker_death(exc: BaseException) -> bool:
+    """Whether ``exc`` is DataLoader's report of a dead worker (from next() or SIGCHLD)."""
+    return isinstance(exc, RuntimeError) and bool(_WORKER_DEATH.search(str(exc)))
+
+
+def contained(fn: Callable[[], Any]) -> BaseException | None:
+    """Run ``fn`` and return what it raised (None if nothing), including a sibling worker's
+    death that DataLoader's SIGCHLD handler reports while the first failure is being caught."""
+    try:
         try:
-            return fn()
+            fn()
+        except BaseException as exc:
+            return exc
+    except RuntimeError as echo:  # raised inside the handler above, before it returned
+        if not is_worker_death(echo):
+            raise
+        return echo.__context__ or echo
+    return None
+
+
+def settle(fn: Callable[[], Any], attempts: int = 5) -> Any:
+    """Run ``fn`` with worker deaths ignored, again if an echo of a worker's death (raised by
+    DataLoader's SIGCHLD handler before it was silenced) interrupts it. ``fn`` must be safe to
+    run twice."""
+    for attempt in range(attempts):
+        try:
+            with worker_deaths_ignored():
+                return fn()
         except RuntimeError as exc:
-            if not _WORKER_DEATH.search(str(exc)):
+            if attempt == attempts - 1 or not is_worker_death(exc):
                 raise
-    return fn()
+    raise AssertionError("unreachable")
 
 
 def shut_down(iterator: object, timeout_s: float = 5.0) -> bool:

@@ -15,6 +15,7 @@ import contextlib
 import functools
 import gc
 import itertools
+import multiprocessing
 import os
 import signal
 import threading
@@ -60,8 +61,24 @@ def kill_new_children(before: set[int], grace_s: float = 3.0) -> int:
     for p in new:
         with contextlib.suppress(psutil.Error):
             p.kill()
-    psutil.wait_procs(new, timeout=grace_s)
+    gone, _ = psutil.wait_procs(new, timeout=grace_s)
+    _tell_multiprocessing({p.pid: p.returncode for p in gone})
     return len(new)
+
+
+def _tell_multiprocessing(reaped: Mapping[int, int | None]) -> None:
+    """Record the exit of workers we reaped on their ``multiprocessing.Process`` objects.
+
+    Once ``waitpid`` has collected a child, multiprocessing's own poll gets ECHILD and takes the
+    process for alive forever: it stays in ``active_children()`` with its sentinel pipe open (two
+    file descriptors per worker and trial, until the open-file limit is reached).
+    """
+    for proc in multiprocessing.active_children():
+        popen = getattr(proc, "_popen", None)
+        if proc.pid is not None and proc.pid in reaped and popen and popen.returncode is None:
+            code = reaped[proc.pid]
+            popen.returncode = code if code is not None else -signal.SIGKILL
+    multiprocessing.active_children()  # forgets the ones now known to be dead
 
 
 class _Watchdog:
@@ -186,16 +203,13 @@ class InlineRunner:
         step = self._step(config)
         held = _Held()
         self._where = "loader"
-        error: BaseException | None = None
-        try:
+
+        def measure() -> None:
             with sup, dog, dl.quiet_worker_warning():
                 self._measure(result, held, config, window, limits, sup, step, replay)
-        except BaseException as exc:  # classified below, once the workers are down
-            error = exc
-        with dl.worker_deaths_ignored():
-            dl.settle(
-                functools.partial(self._settle, result, held, error, dog, config, before, replay)
-            )
+
+        error = dl.contained(measure)  # classified below, once the workers are down
+        dl.settle(functools.partial(self._settle, result, held, error, dog, config, before, replay))
         if isinstance(error, KeyboardInterrupt) and not dog.interrupted:
             raise error  # the user's Ctrl-C: cleaned up; the search records it
         del error

@@ -260,13 +260,11 @@ def main() -> None:
     controller = TrialController(spec, chan)
     how = "the script ended"
     with dl.quiet_worker_warning(), patched(controller):
-        try:
-            run_as_main(spec["script"], spec["args"])
-        except SystemExit as exc:
-            how = f"the script exited with status {exc.code}"
-        except BaseException as exc:  # the script's own exception: report it, then end
-            with dl.worker_deaths_ignored():
-                dl.settle(functools.partial(_report_failure, controller, chan, exc))
+        error = dl.contained(functools.partial(run_as_main, spec["script"], spec["args"]))
+        if isinstance(error, SystemExit):
+            how = f"the script exited with status {error.code}"
+        elif error is not None:  # the script's own exception: report it, then end
+            dl.settle(functools.partial(_report_failure, controller, chan, error))
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(0)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import multiprocessing
+import os
 import time
 from typing import ClassVar
 
@@ -181,6 +184,20 @@ def test_a_dataset_that_does_not_pickle_is_tuning_data() -> None:
     assert result.error == "pickle_error", result.failure
     assert not result.failure.user_bug  # type: ignore[union-attr]
     assert run(runner, Config(8)).ok  # without workers nothing needs pickling
+
+
+def test_killed_workers_leave_no_process_object_and_no_file_descriptor() -> None:
+    """The trial reaps the workers it kills; multiprocessing must learn they are dead, or each
+    keeps a Process object in active_children() and its sentinel pipe open, trial after trial."""
+    runner = InlineRunner(FaultDataset("sigkill", min_workers=2, at=40, n=100000))
+    run(runner, Config(8, 2, 2))  # one failing trial first: lazily opened fds settle
+    fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        result = run(runner, Config(8, 4, 2))
+        assert result.error in ("worker_killed", "worker_crashed"), result.failure
+    assert multiprocessing.active_children() == []
+    gc.collect()  # the sentinel pipes close when their Popen objects are collected
+    assert len(os.listdir("/proc/self/fd")) <= fds
 
 
 def test_many_workers_dying_at_once_never_escape_the_trial() -> None:

@@ -1,0 +1,176 @@
+"""The torch helpers: sizes and counts of batches, settings read back from a loader, and taking a
+failed loader down (worker deaths reported while another is being handled, shutdown)."""
+
+from __future__ import annotations
+
+import collections
+import inspect
+import signal
+import sys
+from collections.abc import Iterator
+
+import numpy as np
+import psutil
+import pytest
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from loadertune import dataloader as dl
+from loadertune.space import Config
+
+from workloads import TensorDataset
+
+ECHO = "DataLoader worker (pid 4242) is killed by signal: Killed. "
+
+
+def test_batch_nbytes_counts_tensors_and_arrays_in_any_structure() -> None:
+    batch = {
+        "x": torch.zeros(4, 8),  # 128 bytes
+        "ids": [np.zeros(4, dtype=np.int64), "text"],  # 32 bytes, a string counts nothing
+        "y": (torch.zeros(4, dtype=torch.uint8), 7),  # 4 bytes
+    }
+    assert dl.batch_nbytes(batch) == 128 + 32 + 4
+
+
+def test_bytes_per_sample_divides_by_the_samples_in_the_batch() -> None:
+    assert dl.bytes_per_sample((torch.zeros(16, 10), torch.zeros(16))) == (640 + 64) / 16
+
+
+def test_settings_of_reads_the_tuned_settings_back() -> None:
+    ds = TensorDataset(n=64)
+    assert dl.settings_of(DataLoader(ds, batch_size=8)) == Config(8)
+    loader = DataLoader(ds, batch_size=4, num_workers=2, prefetch_factor=3, persistent_workers=True)
+    assert dl.settings_of(loader) == Config(4, 2, 3, persistent_workers=True)
+
+
+def test_sample_counter_is_arithmetic_for_a_regular_sampler() -> None:
+    loader = DataLoader(TensorDataset(n=10), batch_size=4)
+    count = dl.sample_counter(loader)
+    assert [count(batch, i) for i, batch in enumerate(loader)] == [4, 4, 2]
+
+
+class _Stream(IterableDataset):
+    def __init__(self, sharded: bool) -> None:
+        self.sharded = sharded
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        info = get_worker_info()
+        start, step = (info.id, info.num_workers) if self.sharded and info else (0, 1)
+        return (torch.tensor([float(i)]) for i in range(start, 64, step))
+
+
+@pytest.mark.slow
+def test_an_unsharded_stream_is_recognised() -> None:
+    assert dl.duplicated_across_workers(_Stream(sharded=False), batch_size=4)
+    assert not dl.duplicated_across_workers(_Stream(sharded=True), batch_size=4)
+
+
+def test_is_worker_death() -> None:
+    assert dl.is_worker_death(RuntimeError(ECHO))
+    assert not dl.is_worker_death(RuntimeError("something else"))
+    assert not dl.is_worker_death(ValueError(ECHO))
+
+
+def test_contained_returns_what_was_raised() -> None:
+    def boom() -> None:
+        raise ValueError("the dataset broke")
+
+    assert dl.contained(lambda: None) is None
+    error = dl.contained(boom)
+    assert isinstance(error, ValueError)
+    assert isinstance(dl.contained(lambda: sys.exit(3)), SystemExit)
+
+
+def _raise_in_contained_handler(exc: BaseException):  # type: ignore[no-untyped-def]
+    """A trace function raising ``exc`` once, as a signal handler would, at the first line of
+    contained()'s ``except`` clause: the bytecode boundary where a sibling's SIGCHLD lands."""
+    lines, start = inspect.getsourcelines(dl.contained)
+    target = start + next(i for i, line in enumerate(lines) if line.strip() == "return exc")
+    fired = []
+
+    def local(frame, event, arg):  # type: ignore[no-untyped-def]
+        if event == "line" and frame.f_lineno == target and not fired:
+            fired.append(True)
+            raise exc
+        return local
+
+    def tracer(frame, event, arg):  # type: ignore[no-untyped-def]
+        return local if frame.f_code is dl.contained.__code__ else None
+
+    return tracer
+
+
+def test_contained_keeps_the_first_failure_when_a_sibling_dies_while_it_is_caught() -> None:
+    def first_death() -> None:
+        raise RuntimeError("DataLoader worker (pid(s) 4241) exited unexpectedly")
+
+    sys.settrace(_raise_in_contained_handler(RuntimeError(ECHO)))
+    try:
+        error = dl.contained(first_death)
+    finally:
+        sys.settrace(None)
+    assert isinstance(error, RuntimeError) and "4241" in str(error)
+
+
+def test_contained_lets_other_errors_raised_while_catching_escape() -> None:
+    def boom() -> None:
+        raise ValueError("first")
+
+    sys.settrace(_raise_in_contained_handler(KeyError("not a worker's death")))
+    try:
+        with pytest.raises(KeyError):
+            dl.contained(boom)
+    finally:
+        sys.settrace(None)
+
+
+def test_settle_silences_worker_deaths_and_retries_an_echo() -> None:
+    handler = signal.getsignal(signal.SIGCHLD)
+    calls: collections.Counter[str] = collections.Counter()
+
+    def take_down() -> str:
+        calls["n"] += 1
+        assert signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL
+        if calls["n"] == 1:
+            raise RuntimeError(ECHO)  # arrived before the handler was silenced
+        return "down"
+
+    assert dl.settle(take_down) == "down"
+    assert calls["n"] == 2
+    assert signal.getsignal(signal.SIGCHLD) == handler
+
+
+def test_settle_raises_other_errors_and_gives_up_on_endless_echoes() -> None:
+    def broken() -> None:
+        raise ValueError("a bug")
+
+    def echoes() -> None:
+        raise RuntimeError(ECHO)
+
+    with pytest.raises(ValueError):
+        dl.settle(broken)
+    with pytest.raises(RuntimeError):
+        dl.settle(echoes, attempts=3)
+
+
+def _iterator_failing_inside() -> None:
+    it = iter(DataLoader(TensorDataset(n=64), batch_size=8, num_workers=2))
+    next(it)
+    raise ValueError("failed with the iterator in a local")
+
+
+@pytest.mark.slow
+def test_shut_down_stops_the_workers_an_error_s_traceback_holds() -> None:
+    try:
+        _iterator_failing_inside()
+    except ValueError as exc:
+        error = exc
+    iterators = dl.iterators_in(error)
+    assert len(iterators) == 1
+    workers = [psutil.Process(w.pid) for w in iterators[0]._workers]  # type: ignore[attr-defined]
+    assert all(w.is_running() for w in workers)
+    assert dl.shut_down(iterators[0])
+    _, alive = psutil.wait_procs(workers, timeout=10)
+    assert alive == []
+    assert dl.shut_down(iterators[0])  # idempotent
+    assert dl.shut_down(None)  # not an iterator: nothing to do
