@@ -8,8 +8,10 @@ reports (which device, its peak memory).
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import signal
+import sysconfig
 import threading
 import time
 import warnings
@@ -149,6 +151,88 @@ def worker_deaths_ignored() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGCHLD, previous)
+
+
+# Where DataLoader's SIGCHLD handler may raise: the main thread waiting for a batch (a
+# multiprocessing queue's poll, or a pin-memory queue's Condition.wait), as torch intends.
+_WAITING = {
+    ("selectors.py", "select"),
+    ("connection.py", "wait"),
+    ("connection.py", "_poll"),
+    ("connection.py", "poll"),
+    ("threading.py", "wait"),
+}
+_LIBRARIES = (sysconfig.get_paths()["stdlib"], os.path.dirname(torch.__file__))
+
+
+def raising_is_safe(frame: Any) -> bool:
+    """Whether an exception raised by a signal handler in ``frame`` (the innermost Python frame
+    it interrupted) leaves nothing half done: outside the standard library and torch, or where
+    they wait for a batch. Inside them it can leak what they were opening (torch's open-files
+    probe leaves a temporary file open) or hold a queue's lock forever."""
+    if frame is None:
+        return True
+    code = frame.f_code
+    if (os.path.basename(code.co_filename), code.co_name) in _WAITING:
+        return True
+    return not code.co_filename.startswith(_LIBRARIES)
+
+
+class _DeferredDeaths:
+    """DataLoader's SIGCHLD handler, made to report a dead worker only where that is safe: in
+    an unsafe frame the report is put off, and the signal sent again a moment later."""
+
+    def __init__(
+        self, handler: Callable[[int, Any], Any], *, delay_s: float = 0.005, send: Any = None
+    ) -> None:
+        self._handler = handler
+        self._delay_s = delay_s
+        self._send = send or (lambda: os.kill(os.getpid(), signal.SIGCHLD))
+        self._active = True
+        self._timer: threading.Timer | None = None
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        try:
+            self._handler(signum, frame)
+        except RuntimeError as exc:
+            if not is_worker_death(exc) or raising_is_safe(frame):
+                raise
+            if self._timer is None or not self._timer.is_alive():
+                self._timer = threading.Timer(self._delay_s, self._again)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def _again(self) -> None:
+        if self._active:
+            self._send()
+
+    def close(self) -> None:
+        self._active = False
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+@contextlib.contextmanager
+def worker_deaths_deferred() -> Iterator[None]:
+    """Within this block, a dead worker is reported (raised by DataLoader's SIGCHLD handler)
+    only where raising leaves nothing half done; see :func:`raising_is_safe`. Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    install = getattr(torch.utils.data._utils.signal_handling, "_set_SIGCHLD_handler", None)
+    if callable(install):
+        install()  # torch's own handler, set once per process; wrapped below
+    handler = signal.getsignal(signal.SIGCHLD)
+    if not callable(handler):
+        yield
+        return
+    deferred = _DeferredDeaths(handler)
+    signal.signal(signal.SIGCHLD, deferred)
+    try:
+        yield
+    finally:
+        deferred.close()
+        signal.signal(signal.SIGCHLD, handler)
 
 
 def is_worker_death(exc: BaseException) -> bool:

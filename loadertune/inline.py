@@ -208,8 +208,11 @@ class InlineRunner:
             with sup, dog, dl.quiet_worker_warning():
                 self._measure(result, held, config, window, limits, sup, step, replay)
 
-        error = dl.contained(measure)  # classified below, once the workers are down
-        dl.settle(functools.partial(self._settle, result, held, error, dog, config, before, replay))
+        with dl.worker_deaths_deferred():
+            error = dl.contained(measure)  # classified below, once the workers are down
+            dl.settle(
+                functools.partial(self._settle, result, held, error, dog, config, before, replay)
+            )
         if isinstance(error, KeyboardInterrupt) and not dog.interrupted:
             raise error  # the user's Ctrl-C: cleaned up; the search records it
         del error

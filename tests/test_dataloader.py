@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import collections
 import inspect
+import selectors
 import signal
 import sys
+import tempfile
+import threading
+import types
 from collections.abc import Iterator
 
 import numpy as np
@@ -174,3 +178,63 @@ def test_shut_down_stops_the_workers_an_error_s_traceback_holds() -> None:
     assert alive == []
     assert dl.shut_down(iterators[0])  # idempotent
     assert dl.shut_down(None)  # not an iterator: nothing to do
+
+
+def _frame(code: types.CodeType) -> types.SimpleNamespace:
+    return types.SimpleNamespace(f_code=code)
+
+
+def test_raising_is_safe_only_outside_library_internals_or_where_torch_waits() -> None:
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+    assert dl.raising_is_safe(None)
+    assert dl.raising_is_safe(_frame(test_is_worker_death.__code__))  # the user's code
+    assert dl.raising_is_safe(_frame(selectors.DefaultSelector.select.__code__))
+    assert dl.raising_is_safe(_frame(threading.Condition.wait.__code__))
+    assert not dl.raising_is_safe(_frame(tempfile.mkstemp.__code__))  # torch's open-files probe
+    assert not dl.raising_is_safe(_frame(_MultiProcessingDataLoaderIter._try_get_data.__code__))
+
+
+def _torch_handler_reporting(error: BaseException):  # type: ignore[no-untyped-def]
+    def handler(signum: int, frame: object) -> None:
+        raise error
+
+    return handler
+
+
+def test_a_death_is_reported_at_once_in_a_safe_frame() -> None:
+    sent = threading.Event()
+    deferred = dl._DeferredDeaths(_torch_handler_reporting(RuntimeError(ECHO)), send=sent.set)
+    with pytest.raises(RuntimeError, match="killed by signal"):
+        deferred(signal.SIGCHLD, _frame(test_is_worker_death.__code__))
+    assert not sent.wait(0.1)
+
+
+def test_a_death_in_library_internals_is_put_off_and_signalled_again() -> None:
+    sent = threading.Event()
+    deferred = dl._DeferredDeaths(
+        _torch_handler_reporting(RuntimeError(ECHO)), delay_s=0.01, send=sent.set
+    )
+    deferred(signal.SIGCHLD, _frame(tempfile.mkstemp.__code__))  # no exception here
+    assert sent.wait(5)
+    other = dl._DeferredDeaths(_torch_handler_reporting(KeyError("a bug")), send=sent.set)
+    with pytest.raises(KeyError):  # anything but a worker's death goes through
+        other(signal.SIGCHLD, _frame(tempfile.mkstemp.__code__))
+
+
+def test_closing_cancels_the_signal_put_off() -> None:
+    sent = threading.Event()
+    deferred = dl._DeferredDeaths(
+        _torch_handler_reporting(RuntimeError(ECHO)), delay_s=0.2, send=sent.set
+    )
+    deferred(signal.SIGCHLD, _frame(tempfile.mkstemp.__code__))
+    deferred.close()
+    assert not sent.wait(0.5)
+
+
+def test_worker_deaths_deferred_wraps_torch_s_handler_and_restores_it() -> None:
+    with dl.worker_deaths_deferred():
+        inside = signal.getsignal(signal.SIGCHLD)
+        assert isinstance(inside, dl._DeferredDeaths)
+    after = signal.getsignal(signal.SIGCHLD)
+    assert callable(after) and not isinstance(after, dl._DeferredDeaths)
