@@ -288,6 +288,7 @@ def show(path: str, as_json: bool) -> None:
             + (f"  ({speedup:.2f}x over baseline)" if speedup else "")
             + f"  measured {entry.get('measured_at', '?')}",
             highlight=False,
+            soft_wrap=True,
         )
         console.print(f"  {json.dumps(kwargs)}", highlight=False, soft_wrap=True)
 
