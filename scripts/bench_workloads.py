@@ -22,9 +22,9 @@ milliseconds keeps a helper thread spinning on up to a whole CPU, which the work
 each region waits for a CPU that a busy worker holds (a 1 ms step takes 10-20 ms beside two busy
 workers). With any torch step in the loop, the image workload gains only ~15% from workers instead
 of ~80%, so it has no step (it stands for GPU training, where the main process only feeds the
-device; :class:`ImageStep` is the tiny CPU step, if wanted). ``cpu_step_competes`` is the
-workload about that effect. One worker alone is usually worse than none: all loading leaves the
-main process, but the copies between processes and the contention stay.
+device). ``cpu_step_competes`` is the workload about that effect. One worker alone is usually
+worse than none: all loading leaves the main process, but the copies between processes and the
+contention stay.
 
 Each :class:`Workload` has ``name``, ``description``, ``make_dataset()`` (a map-style Dataset),
 ``step`` (``step(batch)``, or None), ``batch_size`` (the user's) and ``loader_kwargs`` (fixed
@@ -122,6 +122,20 @@ class _Step:
             self._state = self.build()
         return self._state
 
+    def inputs_and_labels(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, labels = batch
+        return inputs, labels
+
+    def __call__(self, batch: Any) -> float:
+        """One SGD update on the batch's cross-entropy loss."""
+        model, opt = self.state
+        inputs, labels = self.inputs_and_labels(batch)
+        loss = nn.functional.cross_entropy(model(inputs), labels)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
     def __repr__(self) -> str:  # stable, so a study name derived from it is too
         return f"{type(self).__name__}()"
 
@@ -130,7 +144,7 @@ class _Step:
 
 
 # ---------------------------------------------------------------------------------------------
-# a. image_decode_augment: CPU-bound loading (no step; ImageStep is a tiny CPU one, unused)
+# a. image_decode_augment: CPU-bound loading (no step)
 # ---------------------------------------------------------------------------------------------
 
 IMAGE_COUNT, IMAGE_SIZE, IMAGE_CROP = 6000, 192, 160
@@ -143,53 +157,6 @@ def make_image_dataset() -> Dataset:
     )
     paths, labels = ti.list_images(root)
     return ti.ImageFolderDataset(paths, labels, crop=IMAGE_CROP, train=True)
-
-
-class ThumbnailPatchNet(nn.Module):
-    """A tiny CNN on a thumbnail: every ``stride``-th pixel, cut in ``patch`` x ``patch`` patches
-    that a linear layer embeds (a convolution with stride = kernel, written as a reshape), ReLU,
-    mean over patches, linear head.
-
-    Every tensor it makes has fewer than 32768 elements (torch's grain size for intra-op
-    parallelism) and it calls no oneDNN convolution, so it seldom wakes the intra-op thread
-    pool: about 1 ms per batch of 32. A step with a real convolution over the full crops stalls
-    for milliseconds per parallel region while workers keep both CPUs busy; that effect
-    belongs to ``cpu_step_competes`` and here would hide the loader's optimum.
-    """
-
-    def __init__(
-        self, n_classes: int = 10, stride: int = 8, patch: int = 4, width: int = 32
-    ) -> None:
-        super().__init__()
-        self.stride, self.patch = stride, patch
-        self.embed = nn.Linear(3 * patch * patch, width)
-        self.head = nn.Linear(width, n_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        t = x[:, :, :: self.stride, :: self.stride]
-        b, c, h, w = t.shape
-        k = self.patch
-        patches = (
-            t.reshape(b, c, h // k, k, w // k, k)
-            .permute(0, 2, 4, 1, 3, 5)
-            .reshape(b, (h // k) * (w // k), c * k * k)
-        )
-        return self.head(torch.relu(self.embed(patches)).mean(dim=1))
-
-
-class ImageStep(_Step):
-    def build(self) -> tuple[nn.Module, torch.optim.Optimizer]:
-        model = ThumbnailPatchNet()
-        return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-
-    def __call__(self, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
-        model, opt = self.state
-        images, labels = batch
-        loss = nn.functional.cross_entropy(model(images), labels)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        return loss.item()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,15 +205,6 @@ class LinearStep(_Step):
     def build(self) -> tuple[nn.Module, torch.optim.Optimizer]:
         model = nn.Linear(self.dim, self.n_classes)
         return model, torch.optim.SGD(model.parameters(), lr=0.01)
-
-    def __call__(self, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
-        model, opt = self.state
-        x, y = batch
-        loss = nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        return loss.item()
 
     def __repr__(self) -> str:
         return f"LinearStep(dim={self.dim})"
@@ -325,14 +283,9 @@ class TextStep(_Step):
         model = EmbeddingBagClassifier(self.n_ids)
         return model, torch.optim.SGD(model.parameters(), lr=0.5)
 
-    def __call__(self, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> float:
-        model, opt = self.state
+    def inputs_and_labels(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
         ids, _lengths, labels = batch
-        loss = nn.functional.cross_entropy(model(ids), labels)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        return loss.item()
+        return ids, labels
 
 
 # ---------------------------------------------------------------------------------------------
@@ -397,15 +350,6 @@ class MLPStep(_Step):
             width = self.hidden
         model = nn.Sequential(*layers, nn.Linear(width, 10))
         return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-
-    def __call__(self, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
-        model, opt = self.state
-        x, y = batch
-        loss = nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        return loss.item()
 
     def __repr__(self) -> str:
         return f"MLPStep(hidden={self.hidden}, depth={self.depth})"
