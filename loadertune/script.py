@@ -202,7 +202,10 @@ class ScriptRunner:
                 if self._handle(msg, sup, chan, result, log):
                     return
                 continue
-            if chan.closed and proc.poll() is not None:
+            if proc.poll() is not None:  # not only on EOF: orphaned workers hold the socket open
+                for late in chan.drain():
+                    if self._handle(late, sup, chan, result, log):
+                        return
                 result.failure = failures.classify_exit(proc.returncode, output=_tail(log))
                 return
             expired = sup.expired()
