@@ -153,13 +153,21 @@ def worker_deaths_ignored() -> Iterator[None]:
         signal.signal(signal.SIGCHLD, previous)
 
 
-# Where DataLoader's SIGCHLD handler may raise: the main thread waiting for a batch (a
-# multiprocessing queue's poll, or a pin-memory queue's Condition.wait), as torch intends.
+def is_worker_death(exc: BaseException) -> bool:
+    """Whether ``exc`` is DataLoader's report of a dead worker (from next() or SIGCHLD)."""
+    return isinstance(exc, RuntimeError) and bool(_WORKER_DEATH.search(str(exc)))
+
+
+# The frames of DataLoader's main thread waiting for a batch: a multiprocessing queue's poll, or
+# a pin-memory thread's queue (Condition.wait). Only there does torch expect its SIGCHLD handler
+# to raise.
 _WAITING = {
     ("selectors.py", "select"),
     ("connection.py", "wait"),
     ("connection.py", "_poll"),
     ("connection.py", "poll"),
+    ("queues.py", "get"),
+    ("queue.py", "get"),
     ("threading.py", "wait"),
 }
 _LIBRARIES = (sysconfig.get_paths()["stdlib"], os.path.dirname(torch.__file__))
@@ -168,39 +176,63 @@ _LIBRARIES = (sysconfig.get_paths()["stdlib"], os.path.dirname(torch.__file__))
 def raising_is_safe(frame: Any) -> bool:
     """Whether an exception raised by a signal handler in ``frame`` (the innermost Python frame
     it interrupted) leaves nothing half done: outside the standard library and torch, or where
-    they wait for a batch. Inside them it can leak what they were opening (torch's open-files
-    probe leaves a temporary file open) or hold a queue's lock forever."""
+    torch waits for a batch. Elsewhere inside them it can leak what they were opening (torch's
+    open-files probe leaves a temporary file open) or leave a queue half set up (a feeder thread
+    interrupted while starting is never told to stop)."""
     if frame is None:
         return True
-    code = frame.f_code
-    if (os.path.basename(code.co_filename), code.co_name) in _WAITING:
-        return True
-    return not code.co_filename.startswith(_LIBRARIES)
+    caller = frame
+    while caller is not None and _place(caller) in _WAITING:
+        caller = caller.f_back
+    if caller is not frame:  # a wait: torch's wait for a batch, or one inside other work
+        return caller is not None and caller.f_code.co_name == "_try_get_data"
+    return not frame.f_code.co_filename.startswith(_LIBRARIES)
+
+
+def _place(frame: Any) -> tuple[str, str]:
+    return os.path.basename(frame.f_code.co_filename), frame.f_code.co_name
 
 
 class _DeferredDeaths:
     """DataLoader's SIGCHLD handler, made to report a dead worker only where that is safe: in
-    an unsafe frame the report is put off, and the signal sent again a moment later."""
+    an unsafe frame the report is kept, and the signal sent again a moment later to raise it."""
 
     def __init__(
-        self, handler: Callable[[int, Any], Any], *, delay_s: float = 0.005, send: Any = None
+        self,
+        handler: Callable[[int, Any], Any],
+        *,
+        delay_s: float = 0.005,
+        send: Callable[[], object] | None = None,
     ) -> None:
         self._handler = handler
         self._delay_s = delay_s
-        self._send = send or (lambda: os.kill(os.getpid(), signal.SIGCHLD))
+        main = threading.main_thread().ident
+        assert main is not None
+        # To the main thread itself: a process-wide signal sent from the timer's thread goes to
+        # that thread, and the main thread's wait would not be interrupted until its timeout.
+        self._send = send or (lambda: signal.pthread_kill(main, signal.SIGCHLD))
         self._active = True
+        self._pending: RuntimeError | None = None
         self._timer: threading.Timer | None = None
 
     def __call__(self, signum: int, frame: Any) -> None:
         try:
             self._handler(signum, frame)
         except RuntimeError as exc:
-            if not is_worker_death(exc) or raising_is_safe(frame):
+            if not is_worker_death(exc):
                 raise
-            if self._timer is None or not self._timer.is_alive():
-                self._timer = threading.Timer(self._delay_s, self._again)
-                self._timer.daemon = True
-                self._timer.start()
+            # Kept, not re-detected later: by then the dead worker may have been reaped (each
+            # Process.start() reaps its siblings) and torch's check would find nothing.
+            self._pending = exc
+        if self._pending is None:
+            return
+        if raising_is_safe(frame):
+            pending, self._pending = self._pending, None
+            raise pending
+        if self._timer is None or not self._timer.is_alive():
+            self._timer = threading.Timer(self._delay_s, self._again)
+            self._timer.daemon = True
+            self._timer.start()
 
     def _again(self) -> None:
         if self._active:
@@ -235,11 +267,6 @@ def worker_deaths_deferred() -> Iterator[None]:
         signal.signal(signal.SIGCHLD, handler)
 
 
-def is_worker_death(exc: BaseException) -> bool:
-    """Whether ``exc`` is DataLoader's report of a dead worker (from next() or SIGCHLD)."""
-    return isinstance(exc, RuntimeError) and bool(_WORKER_DEATH.search(str(exc)))
-
-
 def contained(fn: Callable[[], Any]) -> BaseException | None:
     """Run ``fn`` and return what it raised (None if nothing), including a sibling worker's
     death that DataLoader's SIGCHLD handler reports while the first failure is being caught."""
@@ -259,25 +286,27 @@ def settle(fn: Callable[[], Any], attempts: int = 5) -> Any:
     """Run ``fn`` with worker deaths ignored, again if an echo of a worker's death (raised by
     DataLoader's SIGCHLD handler before it was silenced) interrupts it. ``fn`` must be safe to
     run twice."""
-    for attempt in range(attempts):
+    for _ in range(attempts - 1):
         try:
             with worker_deaths_ignored():
                 return fn()
         except RuntimeError as exc:
-            if attempt == attempts - 1 or not is_worker_death(exc):
+            if not is_worker_death(exc):
                 raise
-    raise AssertionError("unreachable")
+    with worker_deaths_ignored():
+        return fn()
 
 
 def shut_down(iterator: object, timeout_s: float = 5.0) -> bool:
     """Stop a DataLoader iterator's workers now rather than whenever it is collected.
 
-    Torch's shutdown puts a message on each worker's queue. When a worker died while the
-    SIGCHLD handler raised inside torch's own code, a queue's lock can stay held and that put
-    blocks forever: so it runs in a helper thread, abandoned after ``timeout_s`` (it marks the
-    iterator shut down on entry, so a later ``__del__`` does nothing). The queues are closed
-    whatever happened, also for an iterator whose construction a dying worker interrupted. Kill
-    the workers first: joining dead workers is immediate. Returns False when abandoned.
+    Torch's shutdown puts a message on each worker's queue; should a queue's lock be left held
+    (a report of a dead worker raised inside torch's code, which ``worker_deaths_deferred``
+    exists to prevent), that put would block forever: so it runs in a helper thread, abandoned
+    after ``timeout_s`` (it marks the iterator shut down on entry, so a later ``__del__`` does
+    nothing). The queues are closed whatever happened, also for an iterator whose construction
+    was interrupted. Kill the workers first: joining dead workers is immediate. Returns False
+    when abandoned.
     """
     if not isinstance(iterator, _BaseDataLoaderIter):
         return True
@@ -297,29 +326,11 @@ def shut_down(iterator: object, timeout_s: float = 5.0) -> bool:
                 with contextlib.suppress(Exception):
                     q.cancel_join_thread()
                     q.close()
-                    _wake_orphaned_feeder(q)
 
     thread = threading.Thread(target=shutdown_and_close, name="loadertune-shutdown", daemon=True)
     thread.start()
     thread.join(timeout_s)
     return not thread.is_alive()
-
-
-def _wake_orphaned_feeder(queue: Any) -> None:
-    """End a multiprocessing queue's feeder thread that ``close()`` cannot reach.
-
-    If the SIGCHLD handler raised inside the queue's first ``put``, after its feeder thread
-    started but before the close finalizer was registered, ``close()`` has nothing to call and
-    the thread would wait forever: give it the sentinel the finalizer would have.
-    """
-    thread = getattr(queue, "_thread", None)
-    if thread is None or not thread.is_alive() or getattr(queue, "_close", True) is not None:
-        return
-    import multiprocessing.queues as mq
-
-    with queue._notempty:
-        queue._buffer.append(mq._sentinel)  # type: ignore[attr-defined]
-        queue._notempty.notify()
 
 
 def iterators_in(error: BaseException | None) -> list[object]:

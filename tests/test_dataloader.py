@@ -180,19 +180,39 @@ def test_shut_down_stops_the_workers_an_error_s_traceback_holds() -> None:
     assert dl.shut_down(None)  # not an iterator: nothing to do
 
 
-def _frame(code: types.CodeType) -> types.SimpleNamespace:
-    return types.SimpleNamespace(f_code=code)
+def _frame(*codes: types.CodeType) -> types.SimpleNamespace | None:
+    """A stack of frames, innermost first, as a signal handler is given it."""
+    frame = None
+    for code in reversed(codes):
+        frame = types.SimpleNamespace(f_code=code, f_back=frame)
+    return frame
 
 
 def test_raising_is_safe_only_outside_library_internals_or_where_torch_waits() -> None:
+    import multiprocessing.connection
+    import multiprocessing.queues
+    import queue
+
     from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
+    try_get_data = _MultiProcessingDataLoaderIter._try_get_data.__code__
+    user = test_is_worker_death.__code__
     assert dl.raising_is_safe(None)
-    assert dl.raising_is_safe(_frame(test_is_worker_death.__code__))  # the user's code
-    assert dl.raising_is_safe(_frame(selectors.DefaultSelector.select.__code__))
-    assert dl.raising_is_safe(_frame(threading.Condition.wait.__code__))
+    assert dl.raising_is_safe(_frame(user))
+    waiting_for_a_batch = _frame(
+        selectors.DefaultSelector.select.__code__,
+        multiprocessing.connection.wait.__code__,
+        multiprocessing.queues.Queue.get.__code__,
+        try_get_data,
+    )
+    assert dl.raising_is_safe(waiting_for_a_batch)
+    pinned = _frame(threading.Condition.wait.__code__, queue.Queue.get.__code__, try_get_data)
+    assert dl.raising_is_safe(pinned)  # the pin-memory thread's queue
+    # A wait inside other work: a queue's feeder thread starting (Thread.start waits for it)
+    starting = _frame(threading.Event.wait.__code__, threading.Thread.start.__code__, user)
+    assert not dl.raising_is_safe(starting)
     assert not dl.raising_is_safe(_frame(tempfile.mkstemp.__code__))  # torch's open-files probe
-    assert not dl.raising_is_safe(_frame(_MultiProcessingDataLoaderIter._try_get_data.__code__))
+    assert not dl.raising_is_safe(_frame(try_get_data))
 
 
 def _torch_handler_reporting(error: BaseException):  # type: ignore[no-untyped-def]
@@ -210,13 +230,19 @@ def test_a_death_is_reported_at_once_in_a_safe_frame() -> None:
     assert not sent.wait(0.1)
 
 
-def test_a_death_in_library_internals_is_put_off_and_signalled_again() -> None:
+def test_a_death_in_library_internals_is_kept_and_raised_once_safe() -> None:
     sent = threading.Event()
     deferred = dl._DeferredDeaths(
         _torch_handler_reporting(RuntimeError(ECHO)), delay_s=0.01, send=sent.set
     )
     deferred(signal.SIGCHLD, _frame(tempfile.mkstemp.__code__))  # no exception here
     assert sent.wait(5)
+    # The signal again, now in a safe frame: the kept report is raised even though torch's
+    # check finds nothing any more (the dead worker was reaped meanwhile).
+    deferred._handler = lambda signum, frame: None
+    with pytest.raises(RuntimeError, match="killed by signal"):
+        deferred(signal.SIGCHLD, _frame(test_is_worker_death.__code__))
+    deferred(signal.SIGCHLD, _frame(test_is_worker_death.__code__))  # reported once only
     other = dl._DeferredDeaths(_torch_handler_reporting(KeyError("a bug")), send=sent.set)
     with pytest.raises(KeyError):  # anything but a worker's death goes through
         other(signal.SIGCHLD, _frame(tempfile.mkstemp.__code__))
