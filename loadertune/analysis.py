@@ -21,16 +21,24 @@ if TYPE_CHECKING:
     from loadertune.search import SearchOutcome
 
 INPUT_BOUND_BLOCKED = 0.20  # waiting this much of the loop on data: the loader is the bottleneck
-COMPUTE_BOUND_BLOCKED = 0.05  # waiting less than this: the step is
+COMPUTE_BOUND_GAIN = 0.05  # a faster loader could win back less than this: the step is
 COPY_ON_READ_BYTES_PER_S = 4 * memory.MIB  # a worker's private memory rising faster than this
 MIB, GIB = memory.MIB, 2**30
 
 
-def bottleneck(blocked_fraction: float) -> str:
-    """``"input"``, ``"compute"`` or ``"balanced"`` from the fraction of time blocked on data."""
+def bottleneck(blocked_fraction: float, noise: float = 0.0) -> str:
+    """``"input"``, ``"compute"`` or ``"balanced"`` from the fraction of time blocked on data.
+
+    A perfect loader removes the blocked time and no more: the loop then runs ``1 / (1 - b)``
+    times faster. The loop is compute-bound when that gain is one this machine cannot resolve:
+    below 5%, or below half the spread of the window's own sub-window rates (``noise``), so a
+    noisy or slower machine widens the band instead of flipping the verdict. At 20% blocked or
+    more (a gain of 25% or more) it is input-bound whatever the noise; in between, balanced.
+    """
     if blocked_fraction >= INPUT_BOUND_BLOCKED:
         return "input"
-    if blocked_fraction <= COMPUTE_BOUND_BLOCKED:
+    gain = blocked_fraction / max(1e-9, 1.0 - blocked_fraction)
+    if gain <= max(COMPUTE_BOUND_GAIN, noise / 2):
         return "compute"
     return "balanced"
 
@@ -43,13 +51,15 @@ def _median(values: list[float | None]) -> float | None:
 def loader_keeps_up(baseline: TrialResult | None, est: Estimates | None) -> bool:
     """The baseline is compute-bound and the loader keeps up: tuning the loader cannot help.
 
-    Its loop almost never waits for data, and it runs at (nearly) the step's own rate with the
-    data in memory. The second test catches workers that keep up by stealing the step's CPUs.
+    Its loop almost never waits for data (see :func:`bottleneck`), and it runs at (nearly) the
+    step's own rate with the data in memory. The second test catches workers that keep up by
+    stealing the step's CPUs.
     """
     if baseline is None or not baseline.ok or baseline.measurement is None or est is None:
         return False
+    m = baseline.measurement
     return (
-        baseline.measurement.blocked_fraction < COMPUTE_BOUND_BLOCKED
+        bottleneck(m.blocked_fraction, m.spread) == "compute"
         and (baseline.samples_per_s or 0.0) >= 0.85 * est.consumer_ceiling
     )
 
@@ -70,9 +80,10 @@ def describe_trial(results: list[TrialResult]) -> dict[str, Any] | None:
     if not ok:
         return None
     blocked = statistics.median(r.measurement.blocked_fraction for r in ok if r.measurement)
+    noise = statistics.median(r.measurement.spread for r in ok if r.measurement)
     gpu = [s for r in ok if r.resources for s in r.resources.gpu_util_percent]
     out: dict[str, Any] = {
-        "bottleneck": bottleneck(blocked),
+        "bottleneck": bottleneck(blocked, noise),
         "blocked_fraction": blocked,
         "samples_per_s": statistics.median(r.samples_per_s or 0.0 for r in ok),
     }

@@ -165,8 +165,9 @@ def summary_table(rec: Recommendation) -> Table:
     table.add_column("")
     table.add_column("baseline (yours)")
     table.add_column("winner", style="bold")
-    base = _column(rec.baseline_kwargs, rec.baseline, rec.diagnosis.get("baseline"))
-    win = _column(rec.loader_kwargs, rec.winner, rec.diagnosis.get("winner"))
+    diag = rec.diagnosis or {}
+    base = _column(rec.baseline_kwargs, rec.baseline, diag.get("baseline"))
+    win = _column(rec.loader_kwargs, rec.winner, diag.get("winner"))
     for name, b, w in zip(_SUMMARY_ROWS, base, win, strict=True):
         table.add_row(name, b, w)
     return table
@@ -181,7 +182,10 @@ _STAGE_NAMES = {
 
 
 def summary_lines(rec: Recommendation) -> list[str]:
+    """The verdict in plain lines. Total: any optional part of ``rec`` may be missing (a resumed
+    search whose winner was measured only in an earlier run, a partial entry, an old file)."""
     lines = []
+    diag = rec.diagnosis or {}
     if rec.speedup is not None:
         verdict = (
             "within the noise of your settings: keep them, or take the winner for free"
@@ -189,31 +193,41 @@ def summary_lines(rec: Recommendation) -> list[str]:
             else "clearly faster than your settings"
         )
         lines.append(f"speed-up {rec.speedup:.2f}x per epoch ({verdict})")
-    ceiling = rec.diagnosis.get("ceiling_samples_per_s")
+    ceiling = diag.get("ceiling_samples_per_s")
     if ceiling:
-        stage = rec.diagnosis.get("ceilings", {}).get("limiting_stage")
-        lines.append(
+        stage = str((diag.get("ceilings") or {}).get("limiting_stage") or "")
+        line = (
             f"estimated ceiling {ceiling:,.0f} samples/s (limited by "
-            f"{_STAGE_NAMES.get(stage, stage or 'an unknown stage')}); "
-            f"the winner reaches {rec.diagnosis.get('percent_of_ceiling', 0):.0f}% of it"
+            f"{_STAGE_NAMES.get(stage, stage or 'an unknown stage')})"
         )
+        percent = diag.get("percent_of_ceiling")
+        if percent is not None:
+            line += f"; the winner reaches {percent:.0f}% of it"
+        lines.append(line)
     at_bs = rec.best_at_batch_size
-    if at_bs and at_bs.get("loader_kwargs", {}).get("batch_size") != rec.loader_kwargs.get(
-        "batch_size"
+    at_bs_kwargs = (at_bs or {}).get("loader_kwargs") or {}
+    if (
+        at_bs_kwargs.get("batch_size") is not None
+        and "batch_size" in rec.loader_kwargs
+        and at_bs_kwargs["batch_size"] != rec.loader_kwargs["batch_size"]
     ):
         lines.append(
-            f"best at your batch size: {Config.from_kwargs(at_bs['loader_kwargs']).label()} "
-            f"{_rate(at_bs.get('samples_per_s'))} samples/s; the winner changes the batch "
+            f"best at your batch size: {Config.from_kwargs(at_bs_kwargs).label()} "
+            f"{_rate((at_bs or {}).get('samples_per_s'))} samples/s; the winner changes the batch "
             "size, so scale the learning rate with it (linearly or by its square root)"
         )
-    s = rec.search
-    lines.append(
-        f"{s['n_trials']} trials in {s['elapsed_s']:.0f} s, stopped: {s['stop_reason']}; "
-        f"study {s['study_name']!r} in {s['storage']}"
-    )
-    for warning in rec.diagnosis.get("warnings", []):
+    s = rec.search or {}
+    elapsed = s.get("elapsed_s")
+    head = f"{s.get('n_trials', len(rec.trials))} trials"
+    if elapsed is not None:
+        head += f" in {elapsed:.0f} s"
+    head += f", stopped: {s.get('stop_reason') or 'unknown'}"
+    if s.get("study_name"):
+        head += f"; study {s['study_name']!r} in {s.get('storage') or 'an unknown storage'}"
+    lines.append(head)
+    for warning in diag.get("warnings") or []:
         lines.append(f"warning: {warning}")
-    for advice in rec.diagnosis.get("advice", []):
+    for advice in diag.get("advice") or []:
         lines.append(f"advice: {advice}")
     return lines
 

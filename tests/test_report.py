@@ -245,3 +245,46 @@ def test_print_summary_names_the_machine_above_the_table() -> None:
     assert first.startswith("loadertune on 2 usable CPUs")  # one line, not wrapped to the table
     assert text.index("loadertune on") < text.index("baseline (yours)")
     assert "use: DataLoader(dataset, **" in text
+
+
+def _bare_recommendation() -> Recommendation:
+    """Every optional figure missing: what a resumed search whose winner was measured only in
+    the earlier run, or a partial entry, hands to the summary."""
+    return _recommendation(
+        samples_per_s=None,
+        baseline_samples_per_s=None,
+        speedup=None,
+        best_at_batch_size=None,
+        trials=[],
+        diagnosis={
+            "bottleneck": None,
+            "ceiling_samples_per_s": 5000.0,
+            "percent_of_ceiling": None,  # the winner has no figures of its own
+            "ceilings": {},
+            "winner": None,
+            "baseline": None,
+            "warnings": [],
+            "advice": [],
+        },
+        search={},
+        winner=None,
+        baseline=None,
+    )
+
+
+def test_the_summary_is_total_over_missing_figures() -> None:
+    rec = _bare_recommendation()
+    lines = summary_lines(rec)
+    assert lines[0] == "estimated ceiling 5,000 samples/s (limited by an unknown stage)"
+    assert lines[1] == "0 trials, stopped: unknown"
+    text = _render(summary_table(rec))
+    assert "bs=128 w=4" in text and "-" in text
+    console = Console(file=io.StringIO(), record=True, width=120, force_terminal=False)
+    print_summary(rec, console, trials=True)
+    assert "use: DataLoader(dataset, **" in console.export_text()
+
+
+def test_the_summary_survives_an_empty_diagnosis() -> None:
+    rec = _recommendation(diagnosis={}, best_at_batch_size={"samples_per_s": 1.0}, search={})
+    assert summary_lines(rec)[-1].endswith("stopped: unknown")
+    assert "bs=64 w=0" in _render(summary_table(rec))

@@ -37,6 +37,7 @@ class FakeRunner:
         epoch_samples: int | None = 100_000,
         cost_s: float = 0.01,
         interrupt_after: int | None = None,
+        needs_timeout_s: Callable[[str], float] = lambda phase: 0.0,
     ) -> None:
         self.rate, self.fail = rate, fail
         self.epoch_samples = epoch_samples
@@ -44,7 +45,10 @@ class FakeRunner:
         self.cost_s = cost_s
         self.interrupt_after = interrupt_after
         self.log: list[tuple[str, Config]] = []
+        self.limits: list[tuple[str, Limits]] = []
         self.pruned = 0
+        # a trial of this phase needs a limit of at least this long (a slow-starting script)
+        self.needs_timeout_s = needs_timeout_s
 
     def run(
         self,
@@ -59,11 +63,14 @@ class FakeRunner:
         if self.interrupt_after is not None and len(self.log) >= self.interrupt_after:
             raise KeyboardInterrupt
         self.log.append((phase, config))
+        self.limits.append((phase, limits))
         time.sleep(self.cost_s)
         result = TrialResult(
             config, phase=phase, wall_s=self.cost_s, epoch_samples=self.epoch_samples
         )
         failure = self.fail(config)
+        if limits.timeout_s < self.needs_timeout_s(phase):
+            failure = Failure("timeout", f"ran past its limit of {limits.timeout_s} s", "a hang?")
         if failure is not None:
             result.failure = failure
             return result
@@ -254,6 +261,53 @@ def test_interrupted_search_keeps_its_trials_and_resumes(tmp_path, hw) -> None:
     assert outcome.n_previous_trials >= 8
     assert "probe" not in [p for p, _ in runner.log]  # the probe's estimates were kept
     assert outcome.values[outcome.winner] >= 0.95 * 6000
+
+
+def test_trial_limits_are_what_the_workload_needs_not_what_is_left_of_the_budget(
+    tmp_path, hw
+) -> None:
+    """The replay comes when the budget is nearly spent; it still gets the time it needs."""
+    runner = FakeRunner(io_landscape, cost_s=0.4, needs_timeout_s=lambda phase: 3.0)
+    outcome = Search(
+        runner,
+        hardware=hw,
+        baseline=Config(32),
+        batch_sizes=[32],
+        settings=settings(tmp_path, budget_s=1.0),
+    ).run()
+    replay = [limits for phase, limits in runner.limits if phase == "replay"]
+    assert replay and replay[0].timeout_s >= 3.0 and replay[0].startup_s >= 3.0
+    assert all(t.ok for t in outcome.trials if t.phase in ("baseline", "probe", "replay"))
+
+
+def test_a_failed_replay_leaves_the_estimates_out_and_the_search_goes_on(tmp_path, hw) -> None:
+    runner = FakeRunner(io_landscape, needs_timeout_s=lambda phase: 1e9 * (phase == "replay"))
+    outcome = Search(
+        runner, hardware=hw, baseline=Config(32), batch_sizes=[32], settings=settings(tmp_path)
+    ).run()
+    assert [t.error for t in outcome.trials if t.phase == "replay"] == ["timeout"]
+    assert outcome.estimates is None
+    assert outcome.winner.num_workers > 0  # it still searched and found workers help
+    assert "search" in [p for p, _ in runner.log]
+
+
+def test_a_resumed_search_measures_its_winner_even_with_no_budget_left(tmp_path, hw) -> None:
+    """The winner of the earlier run is re-measured: the summary needs figures of its own."""
+    s = settings(tmp_path, study_name="resumed", budget_s=5)
+    Search(
+        FakeRunner(io_landscape), hardware=hw, baseline=Config(32), batch_sizes=[32], settings=s
+    ).run()
+    runner = FakeRunner(io_landscape, cost_s=0.2)
+    outcome = Search(
+        runner,
+        hardware=hw,
+        baseline=Config(32),
+        batch_sizes=[32],
+        settings=dataclasses.replace(s, budget_s=0.05),
+    ).run()
+    assert outcome.n_previous_trials > 0
+    assert [t.config for t in outcome.results_for(outcome.winner)] == [outcome.winner]
+    assert outcome.results_for(outcome.winner)[0].ok
 
 
 def test_fresh_start_forgets_the_study(tmp_path, hw) -> None:

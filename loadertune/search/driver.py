@@ -92,7 +92,10 @@ class Search:
             start = min(self.settings.startup_timeout_s, max(15.0, 4 * startup))
         else:  # nothing known yet: scripts import, CUDA initialises
             hang, start = 15.0, self.settings.startup_timeout_s
-        timeout = max(2.0, min(4 * self._typical_wall() + start, self._remaining() + 1.0))
+        # What the workload needs, never what is left of the budget: the budget decides whether
+        # a trial starts, not how long it may take (a cut limit turns our budget into the
+        # user's "timeout" or "no loader" error).
+        timeout = 4 * self._typical_wall() + start
         return Limits(
             timeout_s=timeout,
             startup_s=min(start, timeout),
@@ -160,8 +163,12 @@ class Search:
             self._baseline = base.config
         return base
 
-    def _probe(self) -> tuple[TrialResult, TrialResult | None, TrialResult]:
-        """Baseline, num_workers=0 and 1 at the user's batch size, and the replay."""
+    def _probe(self) -> tuple[TrialResult, TrialResult | None, TrialResult | None]:
+        """Baseline, num_workers=0 and 1 at the user's batch size, and the replay.
+
+        Only the baseline must succeed; a failed probe or replay leaves the estimates out (the
+        search goes on without its seeds and ceilings) rather than ending the search.
+        """
         base = self._measure_baseline()
         bs = self.baseline.batch_size
         w0 = base if self.baseline == Config(bs) else None
@@ -172,13 +179,7 @@ class Search:
         if cap is None or cap >= 1:
             one = Config(bs, 1, 2, False, False)
             w1 = base if self.baseline == one else self._measure(one, "probe")
-        replay = self._measure(Config(bs), "replay")
-        if not (w0.ok and replay.ok):
-            why = w0.failure or replay.failure
-            raise LoadertuneError(
-                f"the probe could not measure the workload with num_workers=0: "
-                f"{why.message if why else 'no result'}; {why.advice if why else ''}"
-            )
+        replay = self._measure(Config(bs), "replay") if w0.ok else None
         return w0, (w1 if w1 is not None and w1.ok else None), replay
 
     def _build_space(
@@ -283,11 +284,14 @@ class Search:
         finalists = [] if baseline_only else self._finalists()
         configs = list(dict.fromkeys([*finalists, self.baseline]))
         wall = self._typical_wall()
-        rounds = min(
-            self.settings.confirm_rounds, int(self._remaining() // max(wall * len(configs), 1e-9))
+        # At least one round, cut short at the deadline: the leading finalist is always measured.
+        rounds = max(
+            1,
+            min(
+                self.settings.confirm_rounds,
+                int(self._remaining() // max(wall * len(configs), 1e-9)),
+            ),
         )
-        if rounds < 1:
-            return None
 
         def run(config: Config) -> TrialResult:
             result = self._measure(config, "confirm")
@@ -350,13 +354,17 @@ class Search:
                 self.observer.phase("probe")
             w0, w1, replay = self._probe()
             space, _ = self._build_space(w0, w1)
-            est = estimate(
-                w0=w0,
-                w1=w1,
-                replay=replay,
-                usable_cpus=self.hw.usable_cpus,
-                max_workers=space.max_workers,
-                pinned=True in space.pin_memory,
+            est = (
+                estimate(
+                    w0=w0,
+                    w1=w1,
+                    replay=replay,
+                    usable_cpus=self.hw.usable_cpus,
+                    max_workers=space.max_workers,
+                    pinned=True in space.pin_memory,
+                )
+                if w0.ok and replay is not None and replay.ok
+                else None
             )
             log.save_probe(space, est, self.baseline)
             for result in self.trials:

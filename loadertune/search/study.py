@@ -63,7 +63,7 @@ class Previous:
     """What an earlier run of the same study left: its space, estimates and results."""
 
     space: SearchSpace
-    estimates: Estimates
+    estimates: Estimates | None
     values: dict[Config, float] = field(default_factory=dict)  # best value per setting
     failed: list[tuple[Config, str]] = field(default_factory=list)
 
@@ -118,15 +118,16 @@ class StudyLog:
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             self.study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
         attrs = self.study.user_attrs
-        if "space" not in attrs or "estimates" not in attrs:
+        if "space" not in attrs:
             return None
         space_d = dict(attrs["space"])
         for key in ("batch_sizes", "prefetch_factors", "pin_memory", "persistent_workers"):
             space_d[key] = tuple(space_d[key])
         fields = {f.name for f in dataclasses.fields(Estimates)}
+        saved = attrs.get("estimates")  # None: the probe could not estimate (a failed replay)
         prev = Previous(
             SearchSpace(**space_d),
-            Estimates(**{k: v for k, v in attrs["estimates"].items() if k in fields}),
+            Estimates(**{k: v for k, v in saved.items() if k in fields}) if saved else None,
         )
         for t in self.study.get_trials(deepcopy=False):
             try:
@@ -139,9 +140,9 @@ class StudyLog:
                 prev.failed.append((config, t.user_attrs["error"]))
         return prev
 
-    def save_probe(self, space: SearchSpace, estimates: Estimates, baseline: Config) -> None:
+    def save_probe(self, space: SearchSpace, estimates: Estimates | None, baseline: Config) -> None:
         self.study.set_user_attr("space", dataclasses.asdict(space))
-        self.study.set_user_attr("estimates", estimates.to_dict())
+        self.study.set_user_attr("estimates", estimates.to_dict() if estimates else None)
         self.study.set_user_attr("baseline", baseline.loader_kwargs())
 
     # -- trials ----------------------------------------------------------------------------------
