@@ -11,7 +11,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from loadertune.api import Recommendation, load_recommendation, tune_loader
+from loadertune.api import load_recommendation, tune_loader
 from loadertune.errors import (
     ConfigError,
     LoadertuneError,
@@ -21,6 +21,7 @@ from loadertune.errors import (
     SearchInterrupted,
     UserCodeError,
 )
+from loadertune.recommendation import Recommendation
 
 __all__ = [
     "ConfigError",

@@ -18,9 +18,9 @@ import click
 from rich.console import Console
 
 from loadertune import __version__, api, hardware, store
+from loadertune.config import Config
 from loadertune.errors import LoadertuneError, SearchInterrupted
 from loadertune.report import LiveView, print_summary
-from loadertune.space import Config
 
 _err = Console(stderr=True)
 

@@ -1,8 +1,9 @@
 """The exceptions loadertune raises. All share :class:`LoadertuneError`.
 
-A failed *trial* is not an exception: it is recorded on the trial (see ``loadertune.failures``)
-and the search goes on. These exceptions are for what stops a whole call: bad input, the user's
-own bug, a recommendation file that cannot be read, an interrupted search.
+A failed *trial* is not an exception: it is recorded on the trial (see
+``loadertune.measure.failures``) and the search goes on. These exceptions are for what stops a
+whole call: bad input, the user's own bug, a recommendation file that cannot be read, an
+interrupted search.
 """
 
 from __future__ import annotations

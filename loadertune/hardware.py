@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 
-from loadertune import nvml
+from loadertune.measure import nvml
 
 
 def _read(path: str) -> str | None:

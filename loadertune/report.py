@@ -15,11 +15,11 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from loadertune.space import Config
-from loadertune.trial import TrialResult
+from loadertune.config import Config
+from loadertune.trials import TrialResult
 
 if TYPE_CHECKING:
-    from loadertune.api import Recommendation
+    from loadertune.recommendation import Recommendation
 
 MIB = 2**20
 

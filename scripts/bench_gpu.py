@@ -34,13 +34,13 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from loadertune import dataloader as dl
 from loadertune import hardware, tune_loader
-from loadertune.confirm import interleaved
-from loadertune.inline import InlineRunner
-from loadertune.memory import MIB, fit
-from loadertune.space import Config
-from loadertune.trial import Limits, TrialResult, window_for
+from loadertune.config import Config
+from loadertune.search.confirm import interleaved
+from loadertune.search.memory import MIB, fit
+from loadertune.trials import Limits, TrialResult, window_for
+from loadertune.trials import loader as dl
+from loadertune.trials.inline import InlineRunner
 
 from bench_workloads import train_images
 

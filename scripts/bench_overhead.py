@@ -26,9 +26,10 @@ import time
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from loadertune import dataloader as dl
-from loadertune.meter import Meter, WindowSpec
-from loadertune.trial import Limits, Supervisor
+from loadertune.measure.meter import Meter, WindowSpec
+from loadertune.trials import Limits
+from loadertune.trials import loader as dl
+from loadertune.trials.supervisor import Supervisor
 
 
 class Rows(Dataset):

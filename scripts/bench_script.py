@@ -23,9 +23,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from loadertune import hardware
-from loadertune.script import ScriptRunner
-from loadertune.space import Config
-from loadertune.trial import Limits, window_for
+from loadertune.config import Config
+from loadertune.trials import Limits, window_for
+from loadertune.trials.script import ScriptRunner
 
 import benchlib
 

@@ -32,9 +32,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from loadertune import hardware, tune_loader
-from loadertune.inline import InlineRunner
-from loadertune.space import Config
-from loadertune.trial import Limits, window_for
+from loadertune.config import Config
+from loadertune.trials import Limits, window_for
+from loadertune.trials.inline import InlineRunner
 
 import benchlib
 from bench_workloads import WORKLOADS

@@ -10,8 +10,9 @@ import statistics
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from loadertune.confirm import interleaved
-from loadertune.space import Config, SearchSpace
+from loadertune.config import Config
+from loadertune.search.confirm import interleaved
+from loadertune.search.space import SearchSpace
 
 Measure = Callable[[Config], "float | None"]
 

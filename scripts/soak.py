@@ -24,10 +24,10 @@ import psutil
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
-from loadertune.inline import InlineRunner
-from loadertune.script import ScriptRunner
-from loadertune.space import Config
-from loadertune.trial import Limits, window_for
+from loadertune.config import Config
+from loadertune.trials import Limits, window_for
+from loadertune.trials.inline import InlineRunner
+from loadertune.trials.script import ScriptRunner
 
 ROOT = Path(__file__).resolve().parent.parent
 

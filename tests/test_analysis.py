@@ -7,21 +7,19 @@ import torch
 from torch.utils.data import Dataset
 
 from loadertune import tune_loader
-from loadertune.analysis import (
+from loadertune.analysis import ceilings, describe_trial, gpu_histogram
+from loadertune.config import Config
+from loadertune.measure.failures import Failure
+from loadertune.measure.meter import Measurement
+from loadertune.measure.resources import ResourceUsage
+from loadertune.search.probe import Estimates
+from loadertune.search.stop import (
     COMPUTE_BOUND_GAIN,
     INPUT_BOUND_BLOCKED,
     bottleneck,
-    ceilings,
-    describe_trial,
-    gpu_histogram,
     loader_keeps_up,
 )
-from loadertune.failures import Failure
-from loadertune.meter import Measurement
-from loadertune.probe import Estimates
-from loadertune.resources import ResourceUsage
-from loadertune.space import Config
-from loadertune.trial import TrialResult
+from loadertune.trials import TrialResult
 
 from workloads import SleepDataset, TensorDataset, sleep_step
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from loadertune.channel import Channel
+from loadertune.trials.channel import Channel
 
 
 @pytest.fixture

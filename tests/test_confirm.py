@@ -7,12 +7,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from loadertune import confirm as confirm_mod
-from loadertune.confirm import Confirmation, confirm, interleaved
-from loadertune.failures import Failure
-from loadertune.meter import Measurement
-from loadertune.space import Config
-from loadertune.trial import TrialResult
+from loadertune.config import Config
+from loadertune.measure.failures import Failure
+from loadertune.measure.meter import Measurement
+from loadertune.search import confirm as confirm_mod
+from loadertune.search.confirm import Confirmation, confirm, interleaved
+from loadertune.trials import TrialResult
 
 A, B, C = Config(64), Config(64, 2), Config(64, 4, 4)
 

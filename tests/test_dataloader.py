@@ -19,8 +19,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from loadertune import dataloader as dl
-from loadertune.space import Config
+from loadertune.config import Config
+from loadertune.trials import _torch_internals as _internals
+from loadertune.trials import loader as dl
 
 from workloads import TensorDataset
 
@@ -70,25 +71,25 @@ def test_an_unsharded_stream_is_recognised() -> None:
 
 
 def test_is_worker_death() -> None:
-    assert dl.is_worker_death(RuntimeError(ECHO))
-    assert not dl.is_worker_death(RuntimeError("something else"))
-    assert not dl.is_worker_death(ValueError(ECHO))
+    assert _internals.is_worker_death(RuntimeError(ECHO))
+    assert not _internals.is_worker_death(RuntimeError("something else"))
+    assert not _internals.is_worker_death(ValueError(ECHO))
 
 
 def test_contained_returns_what_was_raised() -> None:
     def boom() -> None:
         raise ValueError("the dataset broke")
 
-    assert dl.contained(lambda: None) is None
-    error = dl.contained(boom)
+    assert _internals.contained(lambda: None) is None
+    error = _internals.contained(boom)
     assert isinstance(error, ValueError)
-    assert isinstance(dl.contained(lambda: sys.exit(3)), SystemExit)
+    assert isinstance(_internals.contained(lambda: sys.exit(3)), SystemExit)
 
 
 def _raise_in_contained_handler(exc: BaseException):  # type: ignore[no-untyped-def]
     """A trace function raising ``exc`` once, as a signal handler would, at the first line of
     contained()'s ``except`` clause: the bytecode boundary where a sibling's SIGCHLD lands."""
-    lines, start = inspect.getsourcelines(dl.contained)
+    lines, start = inspect.getsourcelines(_internals.contained)
     target = start + next(i for i, line in enumerate(lines) if line.strip() == "return exc")
     fired = []
 
@@ -99,7 +100,7 @@ def _raise_in_contained_handler(exc: BaseException):  # type: ignore[no-untyped-
         return local
 
     def tracer(frame, event, arg):  # type: ignore[no-untyped-def]
-        return local if frame.f_code is dl.contained.__code__ else None
+        return local if frame.f_code is _internals.contained.__code__ else None
 
     return tracer
 
@@ -110,7 +111,7 @@ def test_contained_keeps_the_first_failure_when_a_sibling_dies_while_it_is_caugh
 
     sys.settrace(_raise_in_contained_handler(RuntimeError(ECHO)))
     try:
-        error = dl.contained(first_death)
+        error = _internals.contained(first_death)
     finally:
         sys.settrace(None)
     assert isinstance(error, RuntimeError) and "4241" in str(error)
@@ -123,7 +124,7 @@ def test_contained_lets_other_errors_raised_while_catching_escape() -> None:
     sys.settrace(_raise_in_contained_handler(KeyError("not a worker's death")))
     try:
         with pytest.raises(KeyError):
-            dl.contained(boom)
+            _internals.contained(boom)
     finally:
         sys.settrace(None)
 
@@ -139,7 +140,7 @@ def test_settle_silences_worker_deaths_and_retries_an_echo() -> None:
             raise RuntimeError(ECHO)  # arrived before the handler was silenced
         return "down"
 
-    assert dl.settle(take_down) == "down"
+    assert _internals.settle(take_down) == "down"
     assert calls["n"] == 2
     assert signal.getsignal(signal.SIGCHLD) == handler
 
@@ -152,9 +153,9 @@ def test_settle_raises_other_errors_and_gives_up_on_endless_echoes() -> None:
         raise RuntimeError(ECHO)
 
     with pytest.raises(ValueError):
-        dl.settle(broken)
+        _internals.settle(broken)
     with pytest.raises(RuntimeError):
-        dl.settle(echoes, attempts=3)
+        _internals.settle(echoes, attempts=3)
 
 
 def _iterator_failing_inside() -> None:
@@ -169,15 +170,15 @@ def test_shut_down_stops_the_workers_an_error_s_traceback_holds() -> None:
         _iterator_failing_inside()
     except ValueError as exc:
         error = exc
-    iterators = dl.iterators_in(error)
+    iterators = _internals.iterators_in(error)
     assert len(iterators) == 1
     workers = [psutil.Process(w.pid) for w in iterators[0]._workers]  # type: ignore[attr-defined]
     assert all(w.is_running() for w in workers)
-    assert dl.shut_down(iterators[0])
+    assert _internals.shut_down(iterators[0])
     _, alive = psutil.wait_procs(workers, timeout=10)
     assert alive == []
-    assert dl.shut_down(iterators[0])  # idempotent
-    assert dl.shut_down(None)  # not an iterator: nothing to do
+    assert _internals.shut_down(iterators[0])  # idempotent
+    assert _internals.shut_down(None)  # not an iterator: nothing to do
 
 
 def _frame(*codes: types.CodeType) -> types.SimpleNamespace | None:
@@ -197,22 +198,24 @@ def test_raising_is_safe_only_outside_library_internals_or_where_torch_waits() -
 
     try_get_data = _MultiProcessingDataLoaderIter._try_get_data.__code__
     user = test_is_worker_death.__code__
-    assert dl.raising_is_safe(None)
-    assert dl.raising_is_safe(_frame(user))
+    assert _internals.raising_is_safe(None)
+    assert _internals.raising_is_safe(_frame(user))
     waiting_for_a_batch = _frame(
         selectors.DefaultSelector.select.__code__,
         multiprocessing.connection.wait.__code__,
         multiprocessing.queues.Queue.get.__code__,
         try_get_data,
     )
-    assert dl.raising_is_safe(waiting_for_a_batch)
+    assert _internals.raising_is_safe(waiting_for_a_batch)
     pinned = _frame(threading.Condition.wait.__code__, queue.Queue.get.__code__, try_get_data)
-    assert dl.raising_is_safe(pinned)  # the pin-memory thread's queue
+    assert _internals.raising_is_safe(pinned)  # the pin-memory thread's queue
     # A wait inside other work: a queue's feeder thread starting (Thread.start waits for it)
     starting = _frame(threading.Event.wait.__code__, threading.Thread.start.__code__, user)
-    assert not dl.raising_is_safe(starting)
-    assert not dl.raising_is_safe(_frame(tempfile.mkstemp.__code__))  # torch's open-files probe
-    assert not dl.raising_is_safe(_frame(try_get_data))
+    assert not _internals.raising_is_safe(starting)
+    assert not _internals.raising_is_safe(
+        _frame(tempfile.mkstemp.__code__)
+    )  # torch's open-files probe
+    assert not _internals.raising_is_safe(_frame(try_get_data))
 
 
 def _torch_handler_reporting(error: BaseException):  # type: ignore[no-untyped-def]
@@ -224,7 +227,9 @@ def _torch_handler_reporting(error: BaseException):  # type: ignore[no-untyped-d
 
 def test_a_death_is_reported_at_once_in_a_safe_frame() -> None:
     sent = threading.Event()
-    deferred = dl._DeferredDeaths(_torch_handler_reporting(RuntimeError(ECHO)), send=sent.set)
+    deferred = _internals._DeferredDeaths(
+        _torch_handler_reporting(RuntimeError(ECHO)), send=sent.set
+    )
     with pytest.raises(RuntimeError, match="killed by signal"):
         deferred(signal.SIGCHLD, _frame(test_is_worker_death.__code__))
     assert not sent.wait(0.1)
@@ -232,7 +237,7 @@ def test_a_death_is_reported_at_once_in_a_safe_frame() -> None:
 
 def test_a_death_in_library_internals_is_kept_and_raised_once_safe() -> None:
     sent = threading.Event()
-    deferred = dl._DeferredDeaths(
+    deferred = _internals._DeferredDeaths(
         _torch_handler_reporting(RuntimeError(ECHO)), delay_s=0.01, send=sent.set
     )
     deferred(signal.SIGCHLD, _frame(tempfile.mkstemp.__code__))  # no exception here
@@ -243,14 +248,14 @@ def test_a_death_in_library_internals_is_kept_and_raised_once_safe() -> None:
     with pytest.raises(RuntimeError, match="killed by signal"):
         deferred(signal.SIGCHLD, _frame(test_is_worker_death.__code__))
     deferred(signal.SIGCHLD, _frame(test_is_worker_death.__code__))  # reported once only
-    other = dl._DeferredDeaths(_torch_handler_reporting(KeyError("a bug")), send=sent.set)
+    other = _internals._DeferredDeaths(_torch_handler_reporting(KeyError("a bug")), send=sent.set)
     with pytest.raises(KeyError):  # anything but a worker's death goes through
         other(signal.SIGCHLD, _frame(tempfile.mkstemp.__code__))
 
 
 def test_closing_cancels_the_signal_put_off() -> None:
     sent = threading.Event()
-    deferred = dl._DeferredDeaths(
+    deferred = _internals._DeferredDeaths(
         _torch_handler_reporting(RuntimeError(ECHO)), delay_s=0.2, send=sent.set
     )
     deferred(signal.SIGCHLD, _frame(tempfile.mkstemp.__code__))
@@ -259,8 +264,8 @@ def test_closing_cancels_the_signal_put_off() -> None:
 
 
 def test_worker_deaths_deferred_wraps_torch_s_handler_and_restores_it() -> None:
-    with dl.worker_deaths_deferred():
+    with _internals.worker_deaths_deferred():
         inside = signal.getsignal(signal.SIGCHLD)
-        assert isinstance(inside, dl._DeferredDeaths)
+        assert isinstance(inside, _internals._DeferredDeaths)
     after = signal.getsignal(signal.SIGCHLD)
-    assert callable(after) and not isinstance(after, dl._DeferredDeaths)
+    assert callable(after) and not isinstance(after, _internals._DeferredDeaths)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from loadertune import failures
-from loadertune.failures import (
+from loadertune.measure import failures
+from loadertune.measure.failures import (
     RESOURCE_KINDS,
     Failure,
     classify_exception,
@@ -391,7 +391,7 @@ def test_signal_text_matches_torch_wording() -> None:
 _PRODUCE = """
 import gc, json, sys
 from torch.utils.data import DataLoader
-from loadertune import failures
+from loadertune.measure import failures
 from workloads import FaultDataset
 out = {}
 for fault in sys.argv[1:]:

@@ -10,12 +10,12 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from loadertune import dataloader as dl
-from loadertune import nvml
-from loadertune.inline import InlineRunner
-from loadertune.memory import fit
-from loadertune.space import Config
-from loadertune.trial import Limits, window_for
+from loadertune.config import Config
+from loadertune.measure import nvml
+from loadertune.search.memory import fit
+from loadertune.trials import Limits, window_for
+from loadertune.trials import loader as dl
+from loadertune.trials.inline import InlineRunner
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 LIMITS = Limits(timeout_s=120, startup_s=60, hang_s=30)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from loadertune import hardware, nvml
+from loadertune import hardware
 from loadertune.hardware import (
     Hardware,
     cgroup_cpu_quota,
@@ -18,7 +18,8 @@ from loadertune.hardware import (
     detect,
     usable_cpus,
 )
-from loadertune.nvml import GpuInfo
+from loadertune.measure import nvml
+from loadertune.measure.nvml import GpuInfo
 
 GIB = 2**30
 

@@ -11,9 +11,9 @@ from typing import ClassVar
 import pytest
 import torch
 
-from loadertune.inline import InlineRunner
-from loadertune.space import Config
-from loadertune.trial import Limits, window_for
+from loadertune.config import Config
+from loadertune.trials import Limits, window_for
+from loadertune.trials.inline import InlineRunner
 
 from workloads import FaultDataset, SleepDataset, TensorDataset, sleep_step
 
@@ -160,7 +160,7 @@ def test_memory_budget_stops_a_trial() -> None:
             return super().__getitem__(i)
 
     runner = InlineRunner(Hog(n=100000))
-    from loadertune.resources import tree_pss
+    from loadertune.measure.resources import tree_pss
 
     budget = tree_pss(__import__("os").getpid()) + 300 * 2**20
     result = run(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from loadertune.failures import classify_text
-from loadertune.memory import MIB, fit, largest_safe_batch
+from loadertune.measure.failures import classify_text
+from loadertune.search.memory import MIB, fit, largest_safe_batch
 
 # A ResNet-ish model trained with Adam: 25 M parameters x 4 bytes x 4 (weights, grads, 2 moments)
 # = 400 MB fixed, and 6 MiB of activations and their gradients per sample.

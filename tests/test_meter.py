@@ -7,13 +7,7 @@ import time
 import pytest
 import torch
 
-from loadertune.meter import (
-    FixedCount,
-    Measurement,
-    Meter,
-    WindowSpec,
-    structure_count,
-)
+from loadertune.measure.meter import FixedCount, Measurement, Meter, WindowSpec, structure_count
 
 
 class Recorder:

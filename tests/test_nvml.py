@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from loadertune import nvml
-from loadertune.nvml import GpuInfo, _visible_filter
+from loadertune.measure import nvml
+from loadertune.measure.nvml import GpuInfo, _visible_filter
 
 UUIDS = ["GPU-8f2b0c1d-aaaa-bbbb-cccc-000000000000", "GPU-1e3d9a77-dddd-eeee-ffff-111111111111"]
 

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
-from loadertune.dataloader import apply_settings
-from loadertune.patch import Apply, LoaderRecord, matches_site, patched
-from loadertune.space import Config
+from loadertune.config import Config
+from loadertune.trials.loader import apply_settings
+from loadertune.trials.patch import Apply, LoaderRecord, matches_site, patched
 
 from workloads import TensorDataset
 

@@ -8,11 +8,12 @@ import math
 
 import pytest
 
-from loadertune.meter import Measurement
-from loadertune.probe import Estimates, estimate, seed_configs
-from loadertune.resources import ResourceUsage
-from loadertune.space import Config, SearchSpace
-from loadertune.trial import TrialResult
+from loadertune.config import Config
+from loadertune.measure.meter import Measurement
+from loadertune.measure.resources import ResourceUsage
+from loadertune.search.probe import Estimates, estimate, seed_configs
+from loadertune.search.space import SearchSpace
+from loadertune.trials import TrialResult
 
 
 def _result(

@@ -6,10 +6,11 @@ import io
 
 from rich.console import Console
 
-from loadertune.api import Recommendation
-from loadertune.failures import Failure
+from loadertune.config import Config
 from loadertune.hardware import Hardware
-from loadertune.meter import Measurement
+from loadertune.measure.failures import Failure
+from loadertune.measure.meter import Measurement
+from loadertune.recommendation import Recommendation
 from loadertune.report import (
     LiveView,
     print_summary,
@@ -18,8 +19,7 @@ from loadertune.report import (
     trial_line,
     trials_table,
 )
-from loadertune.space import Config
-from loadertune.trial import TrialResult
+from loadertune.trials import TrialResult
 
 
 def _measurement(rate: float, blocked: float = 0.25, sub: list[float] | None = None) -> Measurement:

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from loadertune.config import Config
 from loadertune.errors import ConfigError
-from loadertune.resources import tree_pss
-from loadertune.script import ScriptRunner, check_script, kill_group
-from loadertune.space import Config
-from loadertune.trial import Limits, window_for
+from loadertune.measure.resources import tree_pss
+from loadertune.trials import Limits, window_for
+from loadertune.trials.script import ScriptRunner, check_script, kill_group
 
 SCRIPTS = Path(__file__).parent / "scripts"
 pytestmark = pytest.mark.slow

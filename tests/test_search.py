@@ -9,14 +9,14 @@ from collections.abc import Callable
 import optuna
 import pytest
 
+from loadertune.config import Config
 from loadertune.errors import ConfigError, SearchInterrupted, UserCodeError
-from loadertune.failures import Failure
 from loadertune.hardware import Hardware, detect
-from loadertune.meter import Measurement, WindowSpec
-from loadertune.resources import ResourceUsage
+from loadertune.measure.failures import Failure
+from loadertune.measure.meter import Measurement, WindowSpec
+from loadertune.measure.resources import ResourceUsage
 from loadertune.search import Search, SearchSettings, dominated
-from loadertune.space import Config
-from loadertune.trial import Limits, ShouldStop, TrialResult
+from loadertune.trials import Limits, ShouldStop, TrialResult
 
 
 class FakeRunner:

@@ -8,18 +8,16 @@ import random
 import pytest
 from torch.utils.data import DataLoader
 
-from loadertune.errors import ConfigError
-from loadertune.space import (
+from loadertune.config import (
     DEFAULT_BATCH_SIZES,
-    MAX_WORKERS_HARD,
     TORCH_DEFAULT_PREFETCH,
     TUNED_KEYS,
     Config,
-    SearchSpace,
     check_max_workers,
     normalize_batch_sizes,
-    worker_cap,
 )
+from loadertune.errors import ConfigError
+from loadertune.search.space import MAX_WORKERS_HARD, SearchSpace, worker_cap
 
 from workloads import TensorDataset
 

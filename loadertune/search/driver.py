@@ -8,18 +8,19 @@ import statistics
 import time
 from collections.abc import Sequence
 
-from loadertune import analysis
-from loadertune.confirm import Confirmation, confirm
+from loadertune.config import Config
 from loadertune.errors import LoadertuneError, SearchInterrupted, UserCodeError
 from loadertune.hardware import Hardware
-from loadertune.probe import Estimates, estimate, seed_configs
-from loadertune.resources import tree_pss
+from loadertune.measure.resources import tree_pss
+from loadertune.search.confirm import Confirmation, confirm
 from loadertune.search.frontier import Frontier
 from loadertune.search.outcome import Observer, SearchOutcome
+from loadertune.search.probe import Estimates, estimate, seed_configs
 from loadertune.search.settings import SearchSettings, default_storage
+from loadertune.search.space import SearchSpace, worker_cap
+from loadertune.search.stop import loader_keeps_up
 from loadertune.search.study import StudyLog, quiet_optuna
-from loadertune.space import Config, SearchSpace, worker_cap
-from loadertune.trial import Limits, TrialResult, TrialRunner, window_for
+from loadertune.trials import Limits, TrialResult, TrialRunner, window_for
 
 
 class Search:
@@ -381,7 +382,7 @@ class Search:
                 space, batch_sizes=tuple(sorted({*space.batch_sizes, *self.batch_sizes}))
             )
         base = next((t for t in self.trials if t.phase == "baseline"), None)
-        if len(space.batch_sizes) == 1 and analysis.loader_keeps_up(base, est):
+        if len(space.batch_sizes) == 1 and loader_keeps_up(base, est):
             reason = "compute_bound"  # nothing to gain: confirm the baseline and stop
         else:
             if self.observer:

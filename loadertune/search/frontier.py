@@ -8,11 +8,11 @@ is never recommended.
 
 from __future__ import annotations
 
-from loadertune import memory
-from loadertune.failures import RESOURCE_KINDS
-from loadertune.memory import MemoryModel
-from loadertune.space import Config
-from loadertune.trial import TrialResult
+from loadertune.config import Config
+from loadertune.measure.failures import RESOURCE_KINDS
+from loadertune.search import memory
+from loadertune.search.memory import MemoryModel
+from loadertune.trials import TrialResult
 
 
 def dominated(config: Config, failed: Config, kind: str) -> bool:

@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from loadertune.confirm import Confirmation
-from loadertune.probe import Estimates
-from loadertune.space import Config, SearchSpace
-from loadertune.trial import TrialResult
+from loadertune.config import Config
+from loadertune.search.confirm import Confirmation
+from loadertune.search.probe import Estimates
+from loadertune.search.space import SearchSpace
+from loadertune.trials import TrialResult
 
 
 class Observer(Protocol):

@@ -20,10 +20,11 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState
 
+from loadertune.config import Config
 from loadertune.errors import ConfigError
-from loadertune.probe import Estimates
-from loadertune.space import Config, SearchSpace
-from loadertune.trial import TrialResult
+from loadertune.search.probe import Estimates
+from loadertune.search.space import SearchSpace
+from loadertune.trials import TrialResult
 
 
 def _distributions(space: SearchSpace, config: Config) -> dict[str, BaseDistribution]:

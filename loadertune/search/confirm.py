@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from loadertune.space import Config
-from loadertune.trial import TrialResult
+from loadertune.config import Config
+from loadertune.trials import TrialResult
 
 
 def interleaved(configs: Sequence[Config], rounds: int) -> list[Config]:

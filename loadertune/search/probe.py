@@ -19,8 +19,9 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from loadertune.space import Config, SearchSpace
-from loadertune.trial import TrialResult
+from loadertune.config import Config
+from loadertune.search.space import SearchSpace
+from loadertune.trials import TrialResult
 
 IO_BOUND_CPU_FRACTION = 0.5  # loading that computes less than half the time it takes waits on I/O
 

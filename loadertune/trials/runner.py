@@ -1,8 +1,9 @@
-"""One trial: measure one setting, and come back with a result whatever happens.
+"""What a trial runner takes (a setting, a window, limits) and gives back (a result).
 
-Two runners execute trials: :class:`loadertune.inline.InlineRunner` (a dataset and a step in this
-process, for ``tune_loader``) and :class:`loadertune.script.ScriptRunner` (an unmodified training
-script in a fresh process group per trial). Both report to a :class:`Supervisor`, which samples
+Two runners execute trials: :class:`loadertune.trials.inline.InlineRunner` (a dataset and a step
+in this process, for ``tune_loader``) and :class:`loadertune.trials.script.ScriptRunner` (an
+unmodified training script in a fresh process group per trial). Both report to a
+:class:`~loadertune.trials.supervisor.Supervisor`, which samples
 the process tree, enforces the start-up limit, the hang limit, the trial deadline and the host
 memory budget, and forwards sub-window rates to the search for pruning. A trial never raises for a
 bad setting: it returns a :class:`TrialResult` with a ``failure``.
@@ -10,19 +11,16 @@ bad setting: it returns a :class:`TrialResult` with a ``failure``.
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from loadertune import failures
+from loadertune.config import Config
 from loadertune.errors import UserCodeError
-from loadertune.failures import Failure
-from loadertune.meter import Measurement, WindowSpec
-from loadertune.resources import ResourceSampler, ResourceUsage
-from loadertune.space import Config
+from loadertune.measure.failures import Failure
+from loadertune.measure.meter import Measurement, WindowSpec
+from loadertune.measure.resources import ResourceUsage
 
 ShouldStop = Callable[[int, float], bool]  # (sub-window index, running samples/s) -> prune?
 
@@ -182,109 +180,3 @@ def window_for(config: Config, *, window_s: float, min_warmup: int = 2) -> Windo
     return WindowSpec(
         warmup_batches=max(min_warmup, config.in_flight_batches + 1), window_s=window_s
     )
-
-
-class Supervisor:
-    """Hears a running trial (it is the meter's sink), samples it, and says when to stop it.
-
-    Used from the runner's own loop: call :meth:`expired` often; when it returns a failure, stop
-    the trial and record that failure.
-    """
-
-    def __init__(
-        self,
-        root_pid: int,
-        *,
-        limits: Limits,
-        should_stop: ShouldStop | None = None,
-        gpu_index: int | None = None,
-    ) -> None:
-        self.limits = limits
-        self._should_stop = should_stop
-        self.sampler = ResourceSampler(
-            root_pid, budget_bytes=limits.memory_budget_bytes, gpu_index=gpu_index
-        )
-        self.t_start = time.monotonic()
-        self.last_sign = self.t_start
-        self.started = False  # the first batch arrived
-        self.pruned = False
-        self.running_rates: list[float] = []
-        self.usage: ResourceUsage | None = None
-
-    def __enter__(self) -> Supervisor:
-        self.sampler.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.sampler.__exit__(*exc)
-
-    # -- the meter's sink ------------------------------------------------------------------------
-
-    def event(self, name: str) -> None:
-        self.last_sign = time.monotonic()
-        if name == "first_batch":
-            self.started = True
-        elif name == "window_start":
-            self.sampler.window_started()
-
-    def progress(self, index: int, samples_per_s: float) -> bool:
-        self.last_sign = time.monotonic()
-        self.running_rates.append(samples_per_s)
-        if self._should_stop is not None and self._should_stop(index, samples_per_s):
-            self.pruned = True
-            return False
-        return True
-
-    # -- decisions -------------------------------------------------------------------------------
-
-    def window_ended(self) -> ResourceUsage:
-        """Take the end-of-window snapshot; call while the workers are still alive."""
-        self.usage = self.sampler.window_ended()
-        return self.usage
-
-    def explain(self, failure: Failure, output: str = "") -> Failure:
-        """A sharper cause for a vague failure, from what the sampler saw.
-
-        A worker that runs out of file descriptors dies in its feeder thread and the loop just
-        waits: the hang is really "too many open files" when the tree came near RLIMIT_NOFILE or
-        the trial's output says so.
-        """
-        if failure.kind not in ("timeout", "worker_crashed", "trial_crashed"):
-            return failure
-        usage = self.sampler.usage
-        near_limit = bool(usage.open_files_limit) and usage.max_open_files >= 0.9 * (
-            usage.open_files_limit or 0
-        )
-        if near_limit or "Too many open files" in output:
-            found = failures.classify_text(
-                "Too many open files", where="loader", detail=failure.detail or output
-            )
-            return dataclasses.replace(
-                found,
-                message=f"{found.message} ({usage.max_open_files} "
-                f"open of a limit of {usage.open_files_limit})",
-            )
-        return failure
-
-    def expired(self) -> Failure | None:
-        """The reason to stop the trial now, or None."""
-        now = time.monotonic()
-        lim = self.limits
-        if self.sampler.budget_hit is not None and lim.memory_budget_bytes is not None:
-            return failures.memory_budget(self.sampler.budget_hit, lim.memory_budget_bytes)
-        if now - self.t_start > lim.timeout_s:
-            return Failure(
-                "timeout",
-                f"the trial ran past its limit of {lim.timeout_s:.0f} s",
-                "a slower setting or a hang; see the next trials",
-            )
-        if not self.started and now - self.t_start > lim.startup_s:
-            return Failure(
-                "timeout",
-                f"no batch within {lim.startup_s:.0f} s of the start: the "
-                "workers did not start or the first batch hung",
-                failures.hang(lim.startup_s).advice,
-            )
-        if self.started and now - self.last_sign > lim.hang_s:
-            return failures.hang(lim.hang_s)
-        return None

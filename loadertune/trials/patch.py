@@ -25,8 +25,8 @@ from typing import Any, Protocol
 
 from torch.utils.data import DataLoader
 
-from loadertune import dataloader as dl
-from loadertune.space import Config
+from loadertune.config import Config
+from loadertune.trials import loader as dl
 
 _RECORD = "_loadertune_record"
 _SKIP_DIRS = tuple(

@@ -21,7 +21,7 @@ from typing import Any
 
 import psutil
 
-from loadertune import nvml
+from loadertune.measure import nvml
 
 
 @dataclass

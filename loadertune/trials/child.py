@@ -1,12 +1,13 @@
 """Inside a script trial: run the user's script as ``python train.py ARGS`` would, and measure it.
 
-Started by :class:`loadertune.script.ScriptRunner` as ``python -m loadertune.scriptchild``, in a
-new session (its own process group), with the trial's spec in ``$LOADERTUNE_TRIAL`` and one end
-of a :class:`~loadertune.channel.Channel` as an inherited file descriptor.
+Started by :class:`loadertune.trials.script.ScriptRunner` as ``python -m
+loadertune.trials.child``, in a new session (its own process group), with the trial's spec in
+``$LOADERTUNE_TRIAL`` and one end of a :class:`~loadertune.trials.channel.Channel` as an
+inherited file descriptor.
 
 The script gets ``sys.argv``, ``__name__ == "__main__"``, its own directory first on ``sys.path``
-and the caller's working directory. :mod:`loadertune.patch` applies the trial's settings to the
-target loader when the script creates it and meters the script's own loop over it. When the
+and the caller's working directory. :mod:`loadertune.trials.patch` applies the trial's settings
+to the target loader when the script creates it and meters the script's own loop over it. When the
 window is full, the result goes to the parent, which snapshots the process tree and kills the
 group: the script is not run to completion.
 """
@@ -27,13 +28,14 @@ from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset
 
-from loadertune import dataloader as dl
-from loadertune import failures
-from loadertune.channel import Channel
-from loadertune.meter import Measurement, Meter
-from loadertune.patch import LoaderRecord, matches_site, patched
-from loadertune.space import Config
-from loadertune.trial import window_for
+from loadertune.config import Config
+from loadertune.measure import failures
+from loadertune.measure.meter import Measurement, Meter
+from loadertune.trials import _torch_internals as _internals
+from loadertune.trials import loader as dl
+from loadertune.trials.channel import Channel
+from loadertune.trials.patch import LoaderRecord, matches_site, patched
+from loadertune.trials.runner import window_for
 
 SPEC_ENV = "LOADERTUNE_TRIAL"
 
@@ -233,7 +235,7 @@ def _die_with_parent(parent_pid: int) -> None:
 def _report_failure(controller: TrialController, chan: Channel, exc: BaseException) -> None:
     """Send the script's exception: where it came from, its text, its traceback."""
     meter = controller.meter
-    signals = dl.dead_worker_signals(meter.iterator) if meter is not None else ()
+    signals = _internals.dead_worker_signals(meter.iterator) if meter is not None else ()
     chan.send(
         {
             "t": "failure",
@@ -260,11 +262,11 @@ def main() -> None:
     controller = TrialController(spec, chan)
     how = "the script ended"
     with dl.quiet_worker_warning(), patched(controller):
-        error = dl.contained(functools.partial(run_as_main, spec["script"], spec["args"]))
+        error = _internals.contained(functools.partial(run_as_main, spec["script"], spec["args"]))
         if isinstance(error, SystemExit):
             how = f"the script exited with status {error.code}"
         elif error is not None:  # the script's own exception: report it, then end
-            dl.settle(functools.partial(_report_failure, controller, chan, error))
+            _internals.settle(functools.partial(_report_failure, controller, chan, error))
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(0)

@@ -1,10 +1,11 @@
 """Run trials of an unmodified training script, each in a fresh process group.
 
-Each trial starts ``python -m loadertune.scriptchild`` in a new session (so it and every
+Each trial starts ``python -m loadertune.trials.child`` in a new session (so it and every
 DataLoader worker it starts share one process group, away from the terminal's Ctrl-C), tells it
-the setting over a :class:`~loadertune.channel.Channel`, and supervises it from here: resource
-sampling, deadlines, the memory budget and pruning run in this process. However the trial ends,
-its whole group is killed and checked for survivors before ``run`` returns. The script's output
+the setting over a :class:`~loadertune.trials.channel.Channel`, and supervises it from here:
+resource sampling, deadlines, the memory budget and pruning run in this process. However the
+trial ends, its whole group is killed and checked for survivors before ``run`` returns. The
+script's output
 goes to a log file; its tail is kept when the trial fails.
 """
 
@@ -23,14 +24,15 @@ from typing import Any
 
 import psutil
 
-from loadertune import failures, nvml
-from loadertune.channel import Channel
+from loadertune.config import Config
 from loadertune.errors import ConfigError, ScriptError
-from loadertune.failures import Failure
-from loadertune.meter import Measurement, WindowSpec
-from loadertune.scriptchild import SPEC_ENV
-from loadertune.space import Config
-from loadertune.trial import Limits, ShouldStop, Supervisor, TrialResult
+from loadertune.measure import failures, nvml
+from loadertune.measure.failures import Failure
+from loadertune.measure.meter import Measurement, WindowSpec
+from loadertune.trials.channel import Channel
+from loadertune.trials.child import SPEC_ENV
+from loadertune.trials.runner import Limits, ShouldStop, TrialResult
+from loadertune.trials.supervisor import Supervisor
 
 OUTPUT_TAIL_BYTES = 8192
 
@@ -162,7 +164,7 @@ class ScriptRunner:
         env = {**os.environ, SPEC_ENV: json.dumps(spec)}
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                [self.python, "-m", "loadertune.scriptchild"],
+                [self.python, "-m", "loadertune.trials.child"],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=out,

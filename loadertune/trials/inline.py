@@ -6,7 +6,7 @@ forked trial could not run the user's step as it really runs. Trials therefore r
 user's training would, and are contained instead: a watchdog thread stops a hung trial or one over
 the memory budget by killing its workers (the loader then raises) and, as a last resort,
 interrupting the main thread; every worker the trial started is gone when it returns. Scripts get
-full process isolation in :mod:`loadertune.script`.
+full process isolation in :mod:`loadertune.trials.script`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import contextlib
 import functools
 import gc
 import itertools
-import multiprocessing
 import os
 import signal
 import threading
@@ -27,12 +26,14 @@ import psutil
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from loadertune import dataloader as dl
+from loadertune.config import Config
 from loadertune.errors import UserCodeError
-from loadertune.failures import Failure, classify_exception
-from loadertune.meter import Meter, WindowSpec
-from loadertune.space import Config
-from loadertune.trial import Limits, ShouldStop, Supervisor, TrialResult
+from loadertune.measure.failures import Failure, classify_exception
+from loadertune.measure.meter import Meter, WindowSpec
+from loadertune.trials import _torch_internals as _internals
+from loadertune.trials import loader as dl
+from loadertune.trials.runner import Limits, ShouldStop, TrialResult
+from loadertune.trials.supervisor import Supervisor
 
 
 def _children() -> dict[int, psutil.Process]:
@@ -62,23 +63,8 @@ def kill_new_children(before: set[int], grace_s: float = 3.0) -> int:
         with contextlib.suppress(psutil.Error):
             p.kill()
     gone, _ = psutil.wait_procs(new, timeout=grace_s)
-    _tell_multiprocessing({p.pid: p.returncode for p in gone})
+    _internals.tell_multiprocessing({p.pid: p.returncode for p in gone})
     return len(new)
-
-
-def _tell_multiprocessing(reaped: Mapping[int, int | None]) -> None:
-    """Record the exit of workers we reaped on their ``multiprocessing.Process`` objects.
-
-    Once ``waitpid`` has collected a child, multiprocessing's own poll gets ECHILD and takes the
-    process for alive forever: it stays in ``active_children()`` with its sentinel pipe open (two
-    file descriptors per worker and trial, until the open-file limit is reached).
-    """
-    for proc in multiprocessing.active_children():
-        popen = getattr(proc, "_popen", None)
-        if proc.pid is not None and proc.pid in reaped and popen and popen.returncode is None:
-            code = reaped[proc.pid]
-            popen.returncode = code if code is not None else -signal.SIGKILL
-    multiprocessing.active_children()  # forgets the ones now known to be dead
 
 
 class _Watchdog:
@@ -208,9 +194,9 @@ class InlineRunner:
             with sup, dog, dl.quiet_worker_warning():
                 self._measure(result, held, config, window, limits, sup, step, replay)
 
-        with dl.worker_deaths_deferred():
-            error = dl.contained(measure)  # classified below, once the workers are down
-            dl.settle(
+        with _internals.worker_deaths_deferred():
+            error = _internals.contained(measure)  # classified below, once the workers are down
+            _internals.settle(
                 functools.partial(self._settle, result, held, error, dog, config, before, replay)
             )
         if isinstance(error, KeyboardInterrupt) and not dog.interrupted:
@@ -275,21 +261,21 @@ class InlineRunner:
                 result.failure = dog.failure or classify_exception(
                     error,
                     where=self._where,
-                    worker_signals=dl.dead_worker_signals(it),
+                    worker_signals=_internals.dead_worker_signals(it),
                     num_workers=config.num_workers,
                 )
         # Workers first (joining dead ones is immediate), then every iterator that could run
         # torch's shutdown later from __del__: the meter's, a persistent loader's, and any the
         # failure's traceback holds (an epoch that failed while starting).
         result.orphans_killed = kill_new_children(before)
-        iterators = dl.iterators_in(error)
+        iterators = _internals.iterators_in(error)
         if held.meter is not None:
             iterators.append(held.meter.iterator)
             held.meter.release()
         if held.loader is not None:
             iterators.append(getattr(held.loader, "_iterator", None))  # persistent workers
         for iterator in iterators:
-            dl.shut_down(iterator)
+            _internals.shut_down(iterator)
         held.loader = held.batches = held.meter = None
         gc.collect()
         result.orphans_killed += kill_new_children(before)

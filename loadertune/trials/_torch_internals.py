@@ -1,0 +1,315 @@
+"""Every private name of torch and multiprocessing that loadertune relies on, in one place.
+
+This is the riskiest code in the project and the first to break on a torch upgrade: each name
+below is checked by ``tests/trials/test_torch_internals.py`` (``missing()`` must be empty), and
+``loadertune doctor``-style checks can call :func:`missing` at run time. Checked on torch 2.1 to
+2.13 (CPU and CUDA builds) and CPython 3.10 to 3.12.
+
+Each name, what it is used for, and what happens if it changes:
+
+- ``torch.utils.data.dataloader._BaseDataLoaderIter``: recognise a loader's iterator (in a
+  traceback, to shut it down). If gone: iterators held by a failure linger until GC.
+- ``_BaseDataLoaderIter._shutdown_workers`` and ``._shutdown``: stop an iterator's workers now.
+  If gone: workers stop only at GC.
+- ``_MultiProcessingDataLoaderIter._index_queues`` and ``._worker_result_queue``: close the
+  queues after a failed shutdown. If gone: a feeder thread may block interpreter exit.
+- ``_MultiProcessingDataLoaderIter._workers``: dead workers' exit codes (the killing signal).
+  If gone: a killed worker is reported without its signal (a vaguer cause).
+- ``_MultiProcessingDataLoaderIter._try_get_data`` (a frame name): where torch waits for a
+  batch, the one safe place to raise a dead worker's report. If renamed: reports are put off to
+  the next safe place (slower failure detection).
+- ``torch.utils.data._utils.signal_handling._set_SIGCHLD_handler``: install torch's SIGCHLD
+  handler before wrapping it. If gone: deaths are found by torch's 5 s status check instead.
+- ``DataLoader._iterator``: a persistent-workers loader's live iterator, to shut it down. If
+  gone: persistent workers of a failed trial linger until GC.
+- ``multiprocessing.Process._popen.returncode``: tell multiprocessing about workers we reaped.
+  If gone: two fds and a Process object leak per killed worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import re
+import signal
+import sysconfig
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+import torch.utils.data._utils.signal_handling as _signal_handling
+from torch.utils.data import DataLoader
+from torch.utils.data.dataloader import _BaseDataLoaderIter, _MultiProcessingDataLoaderIter
+
+# (owner, attribute): each must exist in the installed torch (see missing()).
+REQUIRED: tuple[tuple[object, str], ...] = (
+    (_BaseDataLoaderIter, "_shutdown_workers"),
+    (_MultiProcessingDataLoaderIter, "_try_get_data"),
+    (_MultiProcessingDataLoaderIter, "_shutdown_workers"),
+    (_signal_handling, "_set_SIGCHLD_handler"),
+)
+# Set on instances in __init__ (not visible on the class): checked on a live iterator.
+INSTANCE_ATTRIBUTES = ("_index_queues", "_worker_result_queue", "_workers", "_shutdown")
+
+
+def missing(iterator: object | None = None) -> list[str]:
+    """The private names this module uses that the installed torch lacks (empty: all there).
+    Pass a live multi-worker iterator to check the attributes set on instances too."""
+    gone = [
+        f"{getattr(owner, '__name__', owner)}.{name}"
+        for owner, name in REQUIRED
+        if not hasattr(owner, name)
+    ]
+    if iterator is not None:
+        gone += [
+            f"{type(iterator).__name__}.{name}"
+            for name in INSTANCE_ATTRIBUTES
+            if not hasattr(iterator, name)
+        ]
+    return gone
+
+
+def live_iterator(loader: DataLoader[Any]) -> object | None:
+    """The iterator a ``persistent_workers`` loader keeps between epochs (None if none)."""
+    return getattr(loader, "_iterator", None)
+
+
+_WORKER_DEATH = re.compile(r"DataLoader worker \(pid")
+
+
+@contextlib.contextmanager
+def worker_deaths_ignored() -> Iterator[None]:
+    """Silence DataLoader's SIGCHLD handler while a failed loader is taken down.
+
+    When one worker dies, the handler raises in the main thread; while that failure is being
+    handled, its siblings die too and the handler would raise again, anywhere. The loader's
+    workers are shut down explicitly meanwhile, so nothing is missed. Main thread only (where
+    signal handlers live); elsewhere a no-op.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
+
+
+def is_worker_death(exc: BaseException) -> bool:
+    """Whether ``exc`` is DataLoader's report of a dead worker (from next() or SIGCHLD)."""
+    return isinstance(exc, RuntimeError) and bool(_WORKER_DEATH.search(str(exc)))
+
+
+# The frames of DataLoader's main thread waiting for a batch: a multiprocessing queue's poll, or
+# a pin-memory thread's queue (Condition.wait). Only there does torch expect its SIGCHLD handler
+# to raise.
+_WAITING = {
+    ("selectors.py", "select"),
+    ("connection.py", "wait"),
+    ("connection.py", "_poll"),
+    ("connection.py", "poll"),
+    ("queues.py", "get"),
+    ("queue.py", "get"),
+    ("threading.py", "wait"),
+}
+_LIBRARIES = (sysconfig.get_paths()["stdlib"], os.path.dirname(torch.__file__))
+
+
+def raising_is_safe(frame: Any) -> bool:
+    """Whether an exception raised by a signal handler in ``frame`` (the innermost Python frame
+    it interrupted) leaves nothing half done: outside the standard library and torch, or where
+    torch waits for a batch. Elsewhere inside them it can leak what they were opening (torch's
+    open-files probe leaves a temporary file open) or leave a queue half set up (a feeder thread
+    interrupted while starting is never told to stop)."""
+    if frame is None:
+        return True
+    caller = frame
+    while caller is not None and _place(caller) in _WAITING:
+        caller = caller.f_back
+    if caller is not frame:  # a wait: torch's wait for a batch, or one inside other work
+        return caller is not None and caller.f_code.co_name == "_try_get_data"
+    return not frame.f_code.co_filename.startswith(_LIBRARIES)
+
+
+def _place(frame: Any) -> tuple[str, str]:
+    return os.path.basename(frame.f_code.co_filename), frame.f_code.co_name
+
+
+class _DeferredDeaths:
+    """DataLoader's SIGCHLD handler, made to report a dead worker only where that is safe: in
+    an unsafe frame the report is kept, and the signal sent again a moment later to raise it."""
+
+    def __init__(
+        self,
+        handler: Callable[[int, Any], Any],
+        *,
+        delay_s: float = 0.005,
+        send: Callable[[], object] | None = None,
+    ) -> None:
+        self._handler = handler
+        self._delay_s = delay_s
+        main = threading.main_thread().ident
+        assert main is not None
+        # To the main thread itself: a process-wide signal sent from the timer's thread goes to
+        # that thread, and the main thread's wait would not be interrupted until its timeout.
+        self._send = send or (lambda: signal.pthread_kill(main, signal.SIGCHLD))
+        self._active = True
+        self._pending: RuntimeError | None = None
+        self._timer: threading.Timer | None = None
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        try:
+            self._handler(signum, frame)
+        except RuntimeError as exc:
+            if not is_worker_death(exc):
+                raise
+            # Kept, not re-detected later: by then the dead worker may have been reaped (each
+            # Process.start() reaps its siblings) and torch's check would find nothing.
+            self._pending = exc
+        if self._pending is None:
+            return
+        if raising_is_safe(frame):
+            pending, self._pending = self._pending, None
+            raise pending
+        if self._timer is None or not self._timer.is_alive():
+            self._timer = threading.Timer(self._delay_s, self._again)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _again(self) -> None:
+        if self._active:
+            self._send()
+
+    def close(self) -> None:
+        self._active = False
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+@contextlib.contextmanager
+def worker_deaths_deferred() -> Iterator[None]:
+    """Within this block, a dead worker is reported (raised by DataLoader's SIGCHLD handler)
+    only where raising leaves nothing half done; see :func:`raising_is_safe`. Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    install = getattr(_signal_handling, "_set_SIGCHLD_handler", None)
+    if callable(install):
+        install()  # torch's own handler, set once per process; wrapped below
+    handler = signal.getsignal(signal.SIGCHLD)
+    if not callable(handler):
+        yield
+        return
+    deferred = _DeferredDeaths(handler)
+    signal.signal(signal.SIGCHLD, deferred)
+    try:
+        yield
+    finally:
+        deferred.close()
+        signal.signal(signal.SIGCHLD, handler)
+
+
+def contained(fn: Callable[[], Any]) -> BaseException | None:
+    """Run ``fn`` and return what it raised (None if nothing), including a sibling worker's
+    death that DataLoader's SIGCHLD handler reports while the first failure is being caught."""
+    try:
+        try:
+            fn()
+        except BaseException as exc:
+            return exc
+    except RuntimeError as echo:  # raised inside the handler above, before it returned
+        if not is_worker_death(echo):
+            raise
+        return echo.__context__ or echo
+    return None
+
+
+def settle(fn: Callable[[], Any], attempts: int = 5) -> Any:
+    """Run ``fn`` with worker deaths ignored, again if an echo of a worker's death (raised by
+    DataLoader's SIGCHLD handler before it was silenced) interrupts it. ``fn`` must be safe to
+    run twice."""
+    for _ in range(attempts - 1):
+        try:
+            with worker_deaths_ignored():
+                return fn()
+        except RuntimeError as exc:
+            if not is_worker_death(exc):
+                raise
+    with worker_deaths_ignored():
+        return fn()
+
+
+def shut_down(iterator: object, timeout_s: float = 5.0) -> bool:
+    """Stop a DataLoader iterator's workers now rather than whenever it is collected.
+
+    Torch's shutdown puts a message on each worker's queue; should a queue's lock be left held
+    (a report of a dead worker raised inside torch's code, which ``worker_deaths_deferred``
+    exists to prevent), that put would block forever: so it runs in a helper thread, abandoned
+    after ``timeout_s`` (it marks the iterator shut down on entry, so a later ``__del__`` does
+    nothing). The queues are closed whatever happened, also for an iterator whose construction
+    was interrupted. Kill the workers first: joining dead workers is immediate. Returns False
+    when abandoned.
+    """
+    if not isinstance(iterator, _BaseDataLoaderIter):
+        return True
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    started = hasattr(iterator, "_shutdown")  # False: iter() was interrupted mid-construction
+
+    def shutdown_and_close() -> None:
+        try:
+            if started and callable(shutdown):
+                shutdown()
+        finally:  # torch skips this when a dead worker left it inconsistent; close is idempotent
+            queues = [
+                *getattr(iterator, "_index_queues", ()),
+                getattr(iterator, "_worker_result_queue", None),
+            ]
+            for q in queues:
+                with contextlib.suppress(Exception):
+                    q.cancel_join_thread()
+                    q.close()
+
+    thread = threading.Thread(target=shutdown_and_close, name="loadertune-shutdown", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    return not thread.is_alive()
+
+
+def iterators_in(error: BaseException | None) -> list[object]:
+    """The DataLoader iterators that ``error``'s tracebacks hold (through their frames)."""
+    found: dict[int, object] = {}
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        tb = error.__traceback__
+        while tb is not None:
+            for value in tb.tb_frame.f_locals.values():
+                if isinstance(value, _BaseDataLoaderIter):
+                    found[id(value)] = value
+            tb = tb.tb_next
+        error = error.__cause__ or error.__context__
+    return list(found.values())
+
+
+def dead_worker_signals(iterator: object) -> tuple[int, ...]:
+    """Signals that killed a DataLoader iterator's workers, read from their exit codes."""
+    codes = (getattr(w, "exitcode", None) for w in getattr(iterator, "_workers", None) or ())
+    return tuple(-code for code in codes if isinstance(code, int) and code < 0)
+
+
+def tell_multiprocessing(reaped: Mapping[int, int | None]) -> None:
+    """Record the exit of workers we reaped on their ``multiprocessing.Process`` objects.
+
+    Once ``waitpid`` has collected a child, multiprocessing's own poll gets ECHILD and takes the
+    process for alive forever: it stays in ``active_children()`` with its sentinel pipe open (two
+    file descriptors per worker and trial, until the open-file limit is reached).
+    """
+    for proc in multiprocessing.active_children():
+        popen = getattr(proc, "_popen", None)
+        if proc.pid is not None and proc.pid in reaped and popen and popen.returncode is None:
+            code = reaped[proc.pid]
+            popen.returncode = code if code is not None else -signal.SIGKILL
+    multiprocessing.active_children()  # forgets the ones now known to be dead
