@@ -19,6 +19,7 @@ from loadertune.measure.failures import (
     classify_exit,
     classify_text,
 )
+from loadertune.units import GIB
 
 # The messages torch 2.x prints (or that its exceptions carry), verbatim.
 KILLED = "DataLoader worker (pid 2183) is killed by signal: Killed. "
@@ -286,7 +287,7 @@ def _all_failures() -> list[Failure]:
     out += [
         classify_exit(rc, output=o) for rc in (-9, -11, -7, -200, 0, 1) for o in ("", BUS_ERROR)
     ]
-    out += [failures.hang(10), failures.memory_budget(3 * 2**30, 2 * 2**30)]
+    out += [failures.hang(10), failures.memory_budget(3 * GIB, 2 * GIB)]
     return out
 
 
@@ -313,7 +314,7 @@ def test_hang_and_memory_budget() -> None:
     assert hang.kind == "timeout"
     assert "12 s" in hang.message
     assert hang.advice == classify_text(TIMED_OUT, where="loader").advice
-    budget = failures.memory_budget(3 * 2**30, 2 * 2**30)
+    budget = failures.memory_budget(3 * GIB, 2 * GIB)
     assert budget.kind == "memory_budget"
     assert "3.0 GiB" in budget.message
     assert "2.0 GiB" in budget.message

@@ -14,6 +14,7 @@ import torch
 from loadertune.config import Config
 from loadertune.trials import Limits, window_for
 from loadertune.trials.inline import InlineRunner
+from loadertune.units import MIB
 
 from workloads import FaultDataset, SleepDataset, TensorDataset, sleep_step
 
@@ -162,7 +163,7 @@ def test_memory_budget_stops_a_trial() -> None:
     runner = InlineRunner(Hog(n=100000))
     from loadertune.measure.resources import tree_pss
 
-    budget = tree_pss(__import__("os").getpid()) + 300 * 2**20
+    budget = tree_pss(__import__("os").getpid()) + 300 * MIB
     result = run(
         runner,
         Config(8, 2, 2),

@@ -12,6 +12,7 @@ from loadertune.errors import ConfigError
 from loadertune.measure.resources import tree_pss
 from loadertune.trials import Limits, window_for
 from loadertune.trials.script import ScriptRunner, check_script, kill_group
+from loadertune.units import MIB
 
 SCRIPTS = Path(__file__).parent / "scripts"
 pytestmark = pytest.mark.slow
@@ -73,7 +74,7 @@ def test_a_hung_step_times_out() -> None:
 
 
 def test_memory_budget_stops_a_script_trial() -> None:
-    budget = 600 * 2**20
+    budget = 600 * MIB
     result = run(
         "hog.py",
         Config(8, 2, 2),

@@ -14,6 +14,8 @@ import signal
 import traceback
 from dataclasses import dataclass
 
+from loadertune.units import GIB
+
 # Kinds that mean "this setting asks for too much"; a larger setting would fail the same way.
 RESOURCE_KINDS = frozenset(
     {"worker_killed", "shm_exhausted", "too_many_files", "oom", "host_oom", "memory_budget"}
@@ -268,11 +270,10 @@ def hang(seconds: float) -> Failure:
 
 def memory_budget(used_bytes: int, budget_bytes: int) -> Failure:
     """The process tree's memory crossed the budget; the trial was stopped before the OOM killer."""
-    gib = 2**30
     return Failure(
         "memory_budget",
-        f"host memory of the trial reached {used_bytes / gib:.1f} GiB, over the budget "
-        f"of {budget_bytes / gib:.1f} GiB",
+        f"host memory of the trial reached {used_bytes / GIB:.1f} GiB, over the budget "
+        f"of {budget_bytes / GIB:.1f} GiB",
         "use fewer workers or a smaller prefetch "
         "factor, or raise the budget (memory_budget_fraction=)",
     )
