@@ -98,10 +98,11 @@ def gpu_memory(outcome: SearchOutcome) -> dict[str, Any] | None:
     capacities = [t.cuda_capacity_bytes for t in outcome.trials if t.cuda_capacity_bytes]
     capacity = min(capacities) if capacities else None
     model = memory.fit(points)
+    margin = outcome.settings.memory_margin
     out: dict[str, Any] = {
         "peak_reserved_mib": {str(bs): peak / MIB for bs, peak in sorted(points)},
         "capacity_mib": capacity / MIB if capacity else None,
-        "margin": outcome.memory_margin,
+        "margin": margin,
         "oom_batch_sizes": oom,
         "largest_batch_run": max((bs for bs, _ in points), default=None),
     }
@@ -111,7 +112,9 @@ def gpu_memory(outcome: SearchOutcome) -> dict[str, Any] | None:
             per_sample_mib=model.per_sample_bytes / MIB,
             fit_max_error=model.max_error,
             predicted_max_batch_size=(
-                model.max_batch_size(capacity, margin=outcome.memory_margin) if capacity else None
+                model.max_batch_size(capacity, margin=outcome.settings.memory_margin)
+                if capacity
+                else None
             ),
         )
     return out
@@ -164,99 +167,152 @@ def failures_seen(outcome: SearchOutcome) -> dict[str, dict[str, Any]]:
     return seen
 
 
-def advice(outcome: SearchOutcome, hw: Hardware, diag: dict[str, Any]) -> list[str]:
-    """What to do beyond the knobs, chosen from what was measured."""
-    out: list[str] = []
+# -- advice: one rule per function, each (outcome, hw, diag) -> a line or None -----------------
+
+
+def _advise_loading(outcome: SearchOutcome, hw: Hardware, diag: dict[str, Any]) -> str | None:
     est = outcome.estimates
-    winner = outcome.winner
-    where = diag.get("bottleneck")
-    percent = diag.get("percent_of_ceiling")
+    if diag.get("bottleneck") != "input" or est is None:
+        return None
+    if est.io_bound:
+        return (
+            "loading waits on I/O, not the CPU: keep the data on a local disk or in RAM, "
+            "and pack small files into larger ones (npy, LMDB, HDF5) to cut per-file "
+            "latency; more workers than CPUs is right here"
+        )
+    return (
+        "decoding and augmentation on the CPU limit training: store samples "
+        "pre-decoded or in a packed format (npy, LMDB, HDF5), make augmentation "
+        "cheaper, or decode on the GPU (NVIDIA DALI)"
+    )
+
+
+def _advise_step(outcome: SearchOutcome, hw: Hardware, diag: dict[str, Any]) -> str | None:
+    if diag.get("bottleneck") != "compute":
+        return None
     gpu = diag["memory"]["gpu"]
-    if where == "input" and est is not None:
-        if est.io_bound:
-            out.append(
-                "loading waits on I/O, not the CPU: keep the data on a local disk or in RAM, "
-                "and pack small files into larger ones (npy, LMDB, HDF5) to cut per-file "
-                "latency; more workers than CPUs is right here"
-            )
-        else:
-            out.append(
-                "decoding and augmentation on the CPU limit training: store samples "
-                "pre-decoded or in a packed format (npy, LMDB, HDF5), make augmentation "
-                "cheaper, or decode on the GPU (NVIDIA DALI)"
-            )
-    if where == "compute":
-        if gpu is not None or any(t.cuda_device for t in outcome.trials):
-            fits = (gpu or {}).get("predicted_max_batch_size")
-            more = (
-                f"; a batch of up to {fits} is predicted to fit"
-                if fits and fits > winner.batch_size
-                else ""
-            )
-            out.append(
-                "the GPU step is the bottleneck, not the loader: use mixed precision "
-                f"(torch.autocast) to cut compute and activation memory{more}"
-            )
-        else:
-            out.append(
-                "the training step is the bottleneck, not the loader: a faster loader buys "
-                "nothing; profile the step"
-            )
-    if est is not None and est.limiting_stage == "main_process" and winner.num_workers == 0:
-        out.append(
-            "loading in the training process (num_workers=0) is fastest here: handing a "
-            "batch over from a worker costs more than producing it"
+    if gpu is None and not any(t.cuda_device for t in outcome.trials):
+        return (
+            "the training step is the bottleneck, not the loader: a faster loader buys "
+            "nothing; profile the step"
         )
-    if diag["memory"]["host"]["copy_on_read"]:
-        rate = diag["memory"]["host"]["worker_uss_growth_bytes_per_s"] / MIB
-        out.append(
-            f"each worker's memory grows {rate:,.0f} MiB/s while loading (copy-on-read: Python "
-            "objects touched by forked workers are copied, pytorch#13246): keep samples in "
-            "numpy arrays or tensors instead of lists and dicts"
-        )
+    fits = (gpu or {}).get("predicted_max_batch_size")
+    more = (
+        f"; a batch of up to {fits} is predicted to fit"
+        if fits and fits > outcome.winner.batch_size
+        else ""
+    )
+    return (
+        "the GPU step is the bottleneck, not the loader: use mixed precision "
+        f"(torch.autocast) to cut compute and activation memory{more}"
+    )
+
+
+def _advise_in_process(outcome: SearchOutcome, hw: Hardware, diag: dict[str, Any]) -> str | None:
+    est = outcome.estimates
+    if est is None or est.limiting_stage != "main_process" or outcome.winner.num_workers:
+        return None
+    return (
+        "loading in the training process (num_workers=0) is fastest here: handing a "
+        "batch over from a worker costs more than producing it"
+    )
+
+
+def _advise_copy_on_read(outcome: SearchOutcome, hw: Hardware, diag: dict[str, Any]) -> str | None:
+    host = diag["memory"]["host"]
+    if not host["copy_on_read"]:
+        return None
+    rate = host["worker_uss_growth_bytes_per_s"] / MIB
+    return (
+        f"each worker's memory grows {rate:,.0f} MiB/s while loading (copy-on-read: Python "
+        "objects touched by forked workers are copied, pytorch#13246): keep samples in "
+        "numpy arrays or tensors instead of lists and dicts"
+    )
+
+
+def _advise_shm(outcome: SearchOutcome, hw: Hardware, diag: dict[str, Any]) -> str | None:
     shm_free = hw.shm_free_bytes
     in_flight = diag["memory"]["host"]["in_flight_bytes"]
-    if shm_free is not None and (
+    if shm_free is None or not (
         shm_free < GIB
         or (in_flight and in_flight > 0.5 * shm_free)
         or "shm_exhausted" in diag["failures"]
     ):
-        out.append(
-            f"/dev/shm has {shm_free / GIB:.1f} GiB free; batches in flight live there: "
-            "raise it (docker run --shm-size=8g) to allow more workers or prefetch"
-        )
-    if hw.cpu_quota is not None and hw.cpu_quota < hw.logical_cpus:
-        out.append(
-            f"a CPU quota limits this process to {hw.cpu_quota:g} CPUs of the machine's "
-            f"{hw.logical_cpus}: settings tuned here fit that quota, not the whole machine"
-        )
-    main_cpu = _median(
-        [r.resources.cpu_percent_main for r in outcome.results_for(winner) if r.ok and r.resources]
+        return None
+    return (
+        f"/dev/shm has {shm_free / GIB:.1f} GiB free; batches in flight live there: "
+        "raise it (docker run --shm-size=8g) to allow more workers or prefetch"
     )
-    busy_with_workers = [r for r in outcome.trials if r.ok and r.config.num_workers and r.resources]
-    spin = _median([r.resources.cpu_percent_main for r in busy_with_workers if r.resources])
-    if hw.usable_cpus <= 4 and spin is not None and spin > 120 and (main_cpu or 0) > 100:
-        out.append(
-            f"the training process keeps {spin:.0f}% of a CPU busy while workers run (torch's "
-            "intra-op threads spin-wait between operations) and the workers need the same "
-            f"{hw.usable_cpus} CPUs: try torch.set_num_threads(1) or OMP_WAIT_POLICY=PASSIVE "
-            "in the training process, then tune again"
-        )
-    if winner.num_workers > hw.usable_cpus:
-        out.append(
-            f"the winner uses {winner.num_workers} workers on {hw.usable_cpus} usable CPUs; "
-            "torch warns about this, but it measured faster here because the workers wait"
-        )
-    if percent is not None and percent < 80 and where == "input":
-        out.append(
-            f"the winner reaches {percent:.0f}% of the estimated ceiling: the loader, not the "
-            "settings, is what to change next"
-        )
+
+
+def _advise_quota(outcome: SearchOutcome, hw: Hardware, diag: dict[str, Any]) -> str | None:
+    if hw.cpu_quota is None or hw.cpu_quota >= hw.logical_cpus:
+        return None
+    return (
+        f"a CPU quota limits this process to {hw.cpu_quota:g} CPUs of the machine's "
+        f"{hw.logical_cpus}: settings tuned here fit that quota, not the whole machine"
+    )
+
+
+def _advise_spin(outcome: SearchOutcome, hw: Hardware, diag: dict[str, Any]) -> str | None:
+    winner = outcome.results_for(outcome.winner)
+    main_cpu = _median([r.resources.cpu_percent_main for r in winner if r.ok and r.resources])
+    busy = [r for r in outcome.trials if r.ok and r.config.num_workers and r.resources]
+    spin = _median([r.resources.cpu_percent_main for r in busy if r.resources])
+    if hw.usable_cpus > 4 or spin is None or spin <= 120 or (main_cpu or 0) <= 100:
+        return None
+    return (
+        f"the training process keeps {spin:.0f}% of a CPU busy while workers run (torch's "
+        "intra-op threads spin-wait between operations) and the workers need the same "
+        f"{hw.usable_cpus} CPUs: try torch.set_num_threads(1) or OMP_WAIT_POLICY=PASSIVE "
+        "in the training process, then tune again"
+    )
+
+
+def _advise_oversubscribed(
+    outcome: SearchOutcome, hw: Hardware, diag: dict[str, Any]
+) -> str | None:
+    if outcome.winner.num_workers <= hw.usable_cpus:
+        return None
+    return (
+        f"the winner uses {outcome.winner.num_workers} workers on {hw.usable_cpus} usable "
+        "CPUs; torch warns about this, but it measured faster here because the workers wait"
+    )
+
+
+def _advise_far_from_ceiling(
+    outcome: SearchOutcome, hw: Hardware, diag: dict[str, Any]
+) -> str | None:
+    percent = diag.get("percent_of_ceiling")
+    if percent is None or percent >= 80 or diag.get("bottleneck") != "input":
+        return None
+    return (
+        f"the winner reaches {percent:.0f}% of the estimated ceiling: the loader, not the "
+        "settings, is what to change next"
+    )
+
+
+_ADVICE = (
+    _advise_loading,
+    _advise_step,
+    _advise_in_process,
+    _advise_copy_on_read,
+    _advise_shm,
+    _advise_quota,
+    _advise_spin,
+    _advise_oversubscribed,
+    _advise_far_from_ceiling,
+)
+
+
+def advice(outcome: SearchOutcome, hw: Hardware, diag: dict[str, Any]) -> list[str]:
+    """What to do beyond the knobs, chosen from what was measured: each rule that applies,
+    then each kind of failure the trials met with its fix."""
+    out = [line for rule in _ADVICE if (line := rule(outcome, hw, diag))]
     for kind, info in diag["failures"].items():
-        if kind not in ("pruned",):
-            out.append(
-                f"{info['count']} trial(s) failed with {kind} ({info['message']}): {info['advice']}"
-            )
+        out.append(
+            f"{info['count']} trial(s) failed with {kind} ({info['message']}): {info['advice']}"
+        )
     return out
 
 

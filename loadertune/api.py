@@ -8,6 +8,7 @@ a trial runner to the search, and turns the outcome into a
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as _dt
 import hashlib
 import inspect
@@ -95,9 +96,13 @@ def run_search(
     return build_recommendation(outcome, hw, workload=workload, hide_batch_size=hide_batch_size)
 
 
-def _settings(*, hw: Hardware, max_workers: int | None, **kwargs: Any) -> SearchSettings:
-    check_max_workers(max_workers, hw.logical_cpus)
-    return SearchSettings(max_workers=max_workers, **kwargs)
+def _resolved(settings: SearchSettings, hw: Hardware, *, study_name: str) -> SearchSettings:
+    """``settings`` checked against this machine, with the workload's study name unless one was
+    given."""
+    check_max_workers(settings.max_workers, hw.logical_cpus)
+    if settings.study_name:
+        return settings
+    return dataclasses.replace(settings, study_name=study_name)
 
 
 def tune_loader(
@@ -167,17 +172,20 @@ def tune_loader(
     user_bs = _user_batch_size(batch_size, baseline)
     sizes = normalize_batch_sizes(batch_size)
     base = Config.from_kwargs(baseline or {}, batch_size=user_bs)
-    settings = _settings(
-        budget_s=budget_s,
-        n_trials=n_trials,
-        window_s=window_s,
-        max_workers=max_workers,
-        memory_budget_fraction=memory_budget_fraction,
-        seed=seed,
-        storage=storage,
-        resume=resume,
-        hw=hw,
-        study_name=study_name or _workload_id(dataset, step, sizes),
+    settings = _resolved(
+        SearchSettings(
+            budget_s=budget_s,
+            n_trials=n_trials,
+            window_s=window_s,
+            max_workers=max_workers,
+            memory_budget_fraction=memory_budget_fraction,
+            seed=seed,
+            storage=storage,
+            resume=resume,
+            study_name=study_name,
+        ),
+        hw,
+        study_name=_workload_id(dataset, step, sizes),
     )
     runner = InlineRunner(dataset, step=step, fixed=loader_kwargs)
     observer = None
@@ -215,16 +223,7 @@ def tune_script(
     *,
     batch_size: int | Sequence[int] | None = None,
     loader: int | str | None = None,
-    budget_s: float = 60.0,
-    n_trials: int | None = None,
-    max_workers: int | None = None,
-    storage: str | None = None,
-    study_name: str | None = None,
-    resume: bool = True,
-    window_s: float | None = None,
-    startup_timeout_s: float = 120.0,
-    memory_budget_fraction: float = 0.8,
-    seed: int | None = None,
+    settings: SearchSettings | None = None,
     observer: Observer | None = None,
 ) -> Recommendation:
     """Tune the DataLoader of an unmodified training script (what ``loadertune search`` runs).
@@ -238,9 +237,13 @@ def tune_script(
         batch_size: candidates to search; None keeps the script's own batch size.
         loader: which loader: its order of creation (1 = first), ``"FILE:LINE"``, or None for
             the first one the script iterates.
-        startup_timeout_s: how long the script may take to reach its first batch.
+        settings: budget and policy of the search (None: the defaults); without a
+            ``study_name`` the study is named after the script, its arguments and the loader.
         observer: hears progress (the CLI's live view); None is silent.
-        (the rest as in :func:`tune_loader`)
+
+    Example:
+        >>> rec = tune_script("train.py", ["--epochs", "3"], settings=SearchSettings(budget_s=60))
+        >>> rec.save("loadertune.json")
     """
     from loadertune.trials.script import ScriptRunner
 
@@ -250,18 +253,10 @@ def tune_script(
     ident = hashlib.sha1(
         f"{os.path.abspath(script)}|{list(args)}|{loader}|{list(sizes)}".encode()
     ).hexdigest()[:10]
-    settings = _settings(
-        budget_s=budget_s,
-        n_trials=n_trials,
-        window_s=window_s,
-        max_workers=max_workers,
-        memory_budget_fraction=memory_budget_fraction,
-        seed=seed,
-        storage=storage,
-        resume=resume,
-        hw=hw,
-        startup_timeout_s=startup_timeout_s,
-        study_name=study_name or f"script-{os.path.basename(str(script))}-{ident}",
+    settings = _resolved(
+        settings or SearchSettings(),
+        hw,
+        study_name=f"script-{os.path.basename(str(script))}-{ident}",
     )
     workload = {"kind": "script", "script": str(script), "args": list(args)}
     rec = run_search(

@@ -15,14 +15,17 @@ from contextlib import contextmanager
 from typing import Any
 
 import click
-from rich.console import Console
+from rich.text import Text
 
 from loadertune import __version__, api, hardware, store
 from loadertune.config import Config
 from loadertune.errors import LoadertuneError, SearchInterrupted
-from loadertune.report import LiveView, print_summary
+from loadertune.report import LiveView, plain_console, print_summary
+from loadertune.search import SearchSettings
 
-_err = Console(stderr=True)
+# Text from users and libraries (paths, tracebacks, gloo's "[/path/pair.cc:553]") is printed as
+# it is: these consoles never parse markup; styles come from Text objects.
+_err = plain_console(stderr=True)
 
 
 def _batch_sizes(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
@@ -51,12 +54,16 @@ def _loader(ctx: click.Context, param: click.Parameter, value: str | None) -> in
     raise click.BadParameter(f"expected N (order of creation) or FILE:LINE, got {value!r}")
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C would be (exit 143 instead of 130)."""
+
+
 @contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
     """SIGTERM ends a search the way Ctrl-C does: trial stopped, study kept. Restored after."""
 
     def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt("SIGTERM")
+        raise _Terminated("SIGTERM")
 
     previous = signal.signal(signal.SIGTERM, handler)
     try:
@@ -65,8 +72,12 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _say(style: str, message: object) -> None:
+    _err.print(Text.assemble(("loadertune:", style), f" {message}"), soft_wrap=True)
+
+
 def _fail(exc: LoadertuneError) -> None:
-    _err.print(f"[bold red]loadertune:[/] {exc}", highlight=False, soft_wrap=True)
+    _say("bold red", exc)
     sys.exit(1)
 
 
@@ -88,7 +99,7 @@ def cli() -> None:
 @click.option(
     "--budget",
     "budget_s",
-    type=float,
+    type=click.FloatRange(min=0, min_open=True),
     default=60.0,
     show_default=True,
     help="Wall-clock seconds for the whole search.",
@@ -182,6 +193,17 @@ def search(
     in --out under this machine's CPU/GPU key.
     """
     try:
+        settings = SearchSettings(
+            budget_s=budget_s,
+            n_trials=n_trials,
+            window_s=window_s,
+            startup_timeout_s=startup_timeout_s,
+            max_workers=max_workers,
+            seed=seed,
+            storage=storage,
+            study_name=study_name,
+            resume=resume,
+        )
         if not force:
             store.read(out)  # an unreadable file is reported now, not after the search
         with LiveView(_err) as view, _sigterm_as_interrupt():
@@ -190,20 +212,12 @@ def search(
                 script_args,
                 batch_size=batch_sizes,
                 loader=loader,
-                budget_s=budget_s,
-                n_trials=n_trials,
-                max_workers=max_workers,
-                storage=storage,
-                study_name=study_name,
-                resume=resume,
-                window_s=window_s,
-                seed=seed,
-                startup_timeout_s=startup_timeout_s,
+                settings=settings,
                 observer=view,
             )
         path = rec.save(out, force=force)
     except SearchInterrupted as exc:
-        _err.print(f"[yellow]loadertune:[/] {exc}", highlight=False, soft_wrap=True)
+        _say("yellow", exc)
         if save_partial:
             try:
                 saved = api.save_partial(out, exc, force=force)
@@ -216,11 +230,13 @@ def search(
                 highlight=False,
                 soft_wrap=True,
             )
-        sys.exit(143 if str(exc.__cause__) == "SIGTERM" else 130)
+        sys.exit(143 if isinstance(exc.__cause__, _Terminated) else 130)
     except LoadertuneError as exc:
         _fail(exc)
-    print_summary(rec, _err if as_json else Console(), trials=show_trials)
-    (_err if as_json else Console()).print(f"saved to {path}", highlight=False, soft_wrap=True)
+    print_summary(rec, _err if as_json else plain_console(), trials=show_trials)
+    (_err if as_json else plain_console()).print(
+        f"saved to {path}", highlight=False, soft_wrap=True
+    )
     if as_json:
         click.echo(
             json.dumps(
@@ -249,7 +265,7 @@ def run(script: str, script_args: tuple[str, ...], path: str) -> None:
             script,
             script_args,
             path=path,
-            report=lambda line: _err.print(line, highlight=False, soft_wrap=True),
+            report=lambda line: _err.print(line, soft_wrap=True),
         )
     except LoadertuneError as exc:
         _fail(exc)
@@ -272,13 +288,13 @@ def show(path: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({"this_machine": here, **doc}, indent=2, default=str))
         return
-    console = Console()
+    console = plain_console()
     for key, entry in doc["machines"].items():
-        mark = "[bold green]* this machine[/]" if key == here else ""
+        mark = ("* this machine", "bold green") if key == here else ""
         desc = (entry.get("hardware") or {}).get("description", "")
         kwargs = entry.get("loader_kwargs", {})
         rate = entry.get("samples_per_s")
-        console.print(f"[bold]{key}[/] {mark}", highlight=False)
+        console.print(Text.assemble((key, "bold"), " ", mark))
         console.print(f"  {desc}", highlight=False, soft_wrap=True)
         label = Config.from_kwargs(kwargs, batch_size=1).label() if kwargs else "-"
         speed = f"{rate:,.0f} samples/s" if rate else "-"

@@ -24,6 +24,12 @@ if TYPE_CHECKING:
 MIB = 2**20
 
 
+def plain_console(*, stderr: bool = False) -> Console:
+    """A console that prints text as it is: no markup parsed (failure texts, paths and library
+    messages hold square brackets), no highlighting. Styles come from ``Text`` objects."""
+    return Console(stderr=stderr, markup=False, highlight=False)
+
+
 def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
@@ -52,7 +58,7 @@ class LiveView:
     """An :class:`loadertune.search.Observer` that shows the search as it runs."""
 
     def __init__(self, console: Console | None = None) -> None:
-        self.console = console or Console(stderr=True)
+        self.console = console or plain_console(stderr=True)
         self._live: Live | None = None
         self._deadline = 0.0
         self._phase = ""
@@ -254,7 +260,7 @@ def trials_table(trials: list[TrialResult]) -> Table:
 def print_summary(
     rec: Recommendation, console: Console | None = None, *, trials: bool = False
 ) -> None:
-    console = console or Console()
+    console = console or plain_console()
     if trials:
         console.print(trials_table(rec.trials))
     console.print(f"loadertune on {rec.hardware.describe()}", highlight=False, soft_wrap=True)

@@ -19,7 +19,7 @@ from loadertune.search.probe import Estimates, estimate, seed_configs
 from loadertune.search.settings import SearchSettings, default_storage
 from loadertune.search.space import SearchSpace, worker_cap
 from loadertune.search.stop import loader_keeps_up
-from loadertune.search.study import StudyLog, quiet_optuna
+from loadertune.search.study import Previous, StudyLog, quiet_optuna
 from loadertune.trials import Limits, TrialResult, TrialRunner, window_for
 
 
@@ -318,7 +318,7 @@ class Search:
         with quiet_optuna():
             log = StudyLog(
                 self.storage,
-                self.settings.study_name,
+                self.settings.study,
                 resume=self.settings.resume,
                 seed=self.settings.seed,
             )
@@ -336,9 +336,9 @@ class Search:
                     }
                 raise SearchInterrupted(
                     f"search interrupted; {n} completed trials are kept in study "
-                    f"{self.settings.study_name!r} ({self.storage}); "
+                    f"{self.settings.study!r} ({self.storage}); "
                     "run the same command again to resume",
-                    study_name=self.settings.study_name,
+                    study_name=self.settings.study,
                     storage=self.storage,
                     n_complete=n,
                     best=best,
@@ -347,59 +347,69 @@ class Search:
                 log.abandon(exc.kind)
                 raise
 
-    def _run(self, log: StudyLog, t0: float) -> SearchOutcome:
-        previous = log.previous()
-        est: Estimates | None
-        if previous is None:
-            if self.observer:
-                self.observer.phase("probe")
-            w0, w1, replay = self._probe()
-            space, _ = self._build_space(w0, w1)
-            est = (
-                estimate(
-                    w0=w0,
-                    w1=w1,
-                    replay=replay,
-                    usable_cpus=self.hw.usable_cpus,
-                    max_workers=space.max_workers,
-                    pinned=True in space.pin_memory,
-                )
-                if w0.ok and replay is not None and replay.ok
-                else None
+    def _start(self, log: StudyLog) -> tuple[SearchSpace, Estimates | None]:
+        """A new study: probe, build the space, estimate, and record it all."""
+        if self.observer:
+            self.observer.phase("probe")
+        w0, w1, replay = self._probe()
+        space, _ = self._build_space(w0, w1)
+        est = (
+            estimate(
+                w0=w0,
+                w1=w1,
+                replay=replay,
+                usable_cpus=self.hw.usable_cpus,
+                max_workers=space.max_workers,
+                pinned=True in space.pin_memory,
             )
-            log.save_probe(space, est, self.baseline)
-            for result in self.trials:
-                if result.phase in ("baseline", "probe"):
-                    log.record(space, result)
-        else:
-            space, est = previous.space, previous.estimates
-            self.values.update(previous.values)
-            self.frontier.learn_previous(list(previous.values), previous.failed)
-            self._best_value = max(self.values.values(), default=0.0)
-            if self._baseline is None:
-                self._measure_baseline()
-            space = dataclasses.replace(
-                space, batch_sizes=tuple(sorted({*space.batch_sizes, *self.batch_sizes}))
-            )
+            if w0.ok and replay is not None and replay.ok
+            else None
+        )
+        log.save_probe(space, est, self.baseline)
+        for result in self.trials:
+            if result.phase in ("baseline", "probe"):
+                log.record(space, result)
+        return space, est
+
+    def _resume(self, previous: Previous) -> tuple[SearchSpace, Estimates | None]:
+        """An earlier run's study: its space, estimates and values, and no probe again."""
+        self.values.update(previous.values)
+        self.frontier.learn_previous(list(previous.values), previous.failed)
+        self._best_value = max(self.values.values(), default=0.0)
+        if self._baseline is None:
+            self._measure_baseline()
+        space = dataclasses.replace(
+            previous.space,
+            batch_sizes=tuple(sorted({*previous.space.batch_sizes, *self.batch_sizes})),
+        )
+        return space, previous.estimates
+
+    def _seed_and_explore(self, log: StudyLog, space: SearchSpace, est: Estimates | None) -> str:
+        """Stop at once when the loader keeps up; else enqueue the seeds and explore."""
         base = next((t for t in self.trials if t.phase == "baseline"), None)
         if len(space.batch_sizes) == 1 and loader_keeps_up(base, est):
-            reason = "compute_bound"  # nothing to gain: confirm the baseline and stop
-        else:
-            if self.observer:
-                self.observer.phase("explore")
-            for seed in (
-                seed_configs(
-                    est,
-                    space,
-                    batch_size=self.baseline.batch_size,
-                    epoch_length_known=bool(self.runner.epoch_samples),
-                )
-                if est
-                else []
-            ):
-                if seed not in self.values:
-                    log.enqueue(seed)
-            reason = self._explore(log, space, est)
+            return "compute_bound"  # nothing to gain: confirm the baseline and stop
+        if self.observer:
+            self.observer.phase("explore")
+        seeds = (
+            seed_configs(
+                est,
+                space,
+                batch_size=self.baseline.batch_size,
+                epoch_length_known=bool(self.runner.epoch_samples),
+            )
+            if est
+            else []
+        )
+        for seed in seeds:
+            if seed not in self.values:
+                log.enqueue(seed)
+        return self._explore(log, space, est)
+
+    def _run(self, log: StudyLog, t0: float) -> SearchOutcome:
+        previous = log.previous()
+        space, est = self._start(log) if previous is None else self._resume(previous)
+        reason = self._seed_and_explore(log, space, est)
         if self.observer:
             self.observer.phase("confirm")
         confirmation = self._confirm(log, space, baseline_only=reason == "compute_bound")
@@ -420,11 +430,10 @@ class Search:
             estimates=est,
             space=space,
             stop_reason=reason,
-            study_name=self.settings.study_name,
+            settings=self.settings,
             storage=self.storage,
             elapsed_s=time.monotonic() - t0,
             n_previous_trials=log.n_at_start,
             user_batch_size=self.baseline.batch_size,
             values=dict(self.values),
-            memory_margin=self.settings.memory_margin,
         )

@@ -8,6 +8,7 @@ from typing import Protocol
 from loadertune.config import Config
 from loadertune.search.confirm import Confirmation
 from loadertune.search.probe import Estimates
+from loadertune.search.settings import SearchSettings
 from loadertune.search.space import SearchSpace
 from loadertune.trials import TrialResult
 
@@ -32,13 +33,16 @@ class SearchOutcome:
     estimates: Estimates | None
     space: SearchSpace
     stop_reason: str
-    study_name: str
-    storage: str
+    settings: SearchSettings
+    storage: str  # the settings' storage URL, or the default one it resolved to
     elapsed_s: float
     n_previous_trials: int
     user_batch_size: int
     values: dict[Config, float] = field(default_factory=dict)  # best search value per setting
-    memory_margin: float = 0.10
+
+    @property
+    def study_name(self) -> str:
+        return self.settings.study
 
     def results_for(self, config: Config) -> list[TrialResult]:
         """The measurements that speak for ``config``: its confirmation rounds, else its trials."""

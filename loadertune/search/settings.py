@@ -32,7 +32,8 @@ class SearchSettings:
         shm_fraction: share of free ``/dev/shm`` that batches in flight may take.
         seed: seed of the sampler, for repeatable proposals.
         storage: an Optuna storage URL (None: SQLite in the user's cache directory).
-        study_name: name of the study in that storage; the same name resumes it.
+        study_name: name of the study in that storage; the same name resumes it (None: the
+            API derives one from the workload, so each workload keeps its own study).
         resume: continue an existing study of that name (False: start it afresh).
     """
 
@@ -51,7 +52,7 @@ class SearchSettings:
     shm_fraction: float = 0.5
     seed: int | None = None
     storage: str | None = None
-    study_name: str = "loadertune"
+    study_name: str | None = None
     resume: bool = True
 
     def __post_init__(self) -> None:
@@ -79,6 +80,11 @@ class SearchSettings:
             raise ConfigError(f"memory_margin must be in [0, 1), but got {self.memory_margin=}.")
         if self.confirm_rounds < 1 or self.finalists < 1 or self.patience < 1:
             raise ConfigError("confirm_rounds, finalists and patience must be >= 1.")
+
+    @property
+    def study(self) -> str:
+        """The study's name (``"loadertune"`` when none was given or derived)."""
+        return self.study_name or "loadertune"
 
     @property
     def trial_window_s(self) -> float:

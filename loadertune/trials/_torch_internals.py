@@ -1,7 +1,7 @@
 """Every private name of torch and multiprocessing that loadertune relies on, in one place.
 
 This is the riskiest code in the project and the first to break on a torch upgrade: each name
-below is checked by ``tests/trials/test_torch_internals.py`` (``missing()`` must be empty), and
+below is checked by ``tests/test_torch_internals.py`` (``missing()`` must be empty), and
 ``loadertune doctor``-style checks can call :func:`missing` at run time. Checked on torch 2.1 to
 2.13 (CPU and CUDA builds) and CPython 3.10 to 3.12.
 
@@ -9,8 +9,8 @@ Each name, what it is used for, and what happens if it changes:
 
 - ``torch.utils.data.dataloader._BaseDataLoaderIter``: recognise a loader's iterator (in a
   traceback, to shut it down). If gone: iterators held by a failure linger until GC.
-- ``_BaseDataLoaderIter._shutdown_workers`` and ``._shutdown``: stop an iterator's workers now.
-  If gone: workers stop only at GC.
+- ``_MultiProcessingDataLoaderIter._shutdown_workers`` and ``._shutdown``: stop an iterator's
+  workers now. If gone: workers stop only at GC.
 - ``_MultiProcessingDataLoaderIter._index_queues`` and ``._worker_result_queue``: close the
   queues after a failed shutdown. If gone: a feeder thread may block interpreter exit.
 - ``_MultiProcessingDataLoaderIter._workers``: dead workers' exit codes (the killing signal).
@@ -45,7 +45,6 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter, _MultiProcessingDat
 
 # (owner, attribute): each must exist in the installed torch (see missing()).
 REQUIRED: tuple[tuple[object, str], ...] = (
-    (_BaseDataLoaderIter, "_shutdown_workers"),
     (_MultiProcessingDataLoaderIter, "_try_get_data"),
     (_MultiProcessingDataLoaderIter, "_shutdown_workers"),
     (_signal_handling, "_set_SIGCHLD_handler"),
@@ -62,6 +61,10 @@ def missing(iterator: object | None = None) -> list[str]:
         for owner, name in REQUIRED
         if not hasattr(owner, name)
     ]
+    if not hasattr(DataLoader([0]), "_iterator"):
+        gone.append("DataLoader._iterator")
+    if not hasattr(multiprocessing.Process(), "_popen"):
+        gone.append("multiprocessing.Process._popen")
     if iterator is not None:
         gone += [
             f"{type(iterator).__name__}.{name}"

@@ -1,0 +1,99 @@
+"""The package's imports run one way: cli → api → search → trials → measure, and never in a
+cycle. Read from the source (every import, also the ones inside functions and under
+TYPE_CHECKING), so a new upward import fails here before it becomes a tangle."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).parent.parent / "loadertune"
+
+# Lower ranks are imported by higher ones, never the other way. Modules of one subpackage share
+# a rank and may import each other (no cycles among them either).
+RANKS = {
+    "loadertune.errors": 0,
+    "loadertune.units": 0,
+    "loadertune.config": 1,
+    "loadertune.store": 1,
+    "loadertune.measure": 2,
+    "loadertune.hardware": 3,
+    "loadertune.trials": 4,
+    "loadertune.search": 5,
+    "loadertune.analysis": 6,
+    "loadertune.recommendation": 7,
+    "loadertune.report": 8,
+    "loadertune.api": 9,
+    "loadertune.cli": 10,
+    "loadertune": 11,  # the package's __init__: the public face
+    "loadertune.__main__": 12,
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """The loadertune modules ``path`` imports (``from loadertune.x import y`` counts
+    ``loadertune.x.y`` when that is a module)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.split(".")[0] != "loadertune":
+                continue
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if _exists(sub) else node.module)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "loadertune"}
+    return found
+
+
+def _exists(module: str) -> bool:
+    rel = Path(*module.split(".")[1:])
+    return (PACKAGE / rel).with_suffix(".py").exists() or (PACKAGE / rel / "__init__.py").exists()
+
+
+def _rank(module: str) -> int:
+    for prefix in sorted(RANKS, key=len, reverse=True):
+        if module == prefix or module.startswith(prefix + "."):
+            return RANKS[prefix]
+    raise AssertionError(f"{module} has no rank: add it to RANKS in {__file__}")
+
+
+GRAPH = {_module_name(p): _imports(p) for p in PACKAGE.rglob("*.py")}
+
+
+@pytest.mark.parametrize("module", sorted(GRAPH))
+def test_imports_run_downward(module: str) -> None:
+    upward = sorted(
+        dep for dep in GRAPH[module] if dep != "loadertune" and _rank(dep) > _rank(module)
+    )
+    assert not upward, f"{module} (rank {_rank(module)}) imports higher layers: {upward}"
+
+
+def test_no_import_cycle() -> None:
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:
+        if module in path:
+            cycle = [*path[path.index(module) :], module]
+            raise AssertionError(f"import cycle: {' -> '.join(cycle)}")
+        if module in done:
+            return
+        for dep in GRAPH.get(module, ()):
+            if dep != "loadertune":  # every module imports the package itself first
+                visit(dep, [*path, module])
+        done.add(module)
+
+    for module in GRAPH:
+        visit(module, [])
+
+
+def test_the_graph_is_read() -> None:
+    assert "loadertune.trials" in GRAPH["loadertune.search.driver"]
+    assert "loadertune.search" in GRAPH["loadertune.api"]
