@@ -15,6 +15,7 @@ from loadertune.measure import failures
 from loadertune.measure.failures import (
     RESOURCE_KINDS,
     Failure,
+    FailureKind,
     classify_exception,
     classify_exit,
     classify_text,
@@ -296,6 +297,27 @@ def test_every_failure_has_message_and_advice() -> None:
         assert failure.kind, failure
         assert failure.message.strip(), failure
         assert failure.advice.strip(), failure
+
+
+def test_every_failure_kind_is_a_member() -> None:
+    for failure in _all_failures():
+        assert isinstance(failure.kind, FailureKind), failure
+
+
+def test_failure_kind_reads_as_its_plain_value() -> None:
+    """Members compare, hash, print and serialise as their strings: code and files that hold
+    the plain strings keep working."""
+    kind = FailureKind.WORKER_KILLED
+    assert kind == "worker_killed" and "worker_killed" in RESOURCE_KINDS
+    assert {kind: 1}["worker_killed"] == 1
+    assert str(kind) == f"{kind}" == "worker_killed"
+    assert f"FAILED {kind}: x" == "FAILED worker_killed: x"
+    failure = classify_text(KILLED, where="loader")
+    assert json.loads(json.dumps(failure.to_dict()))["kind"] == "worker_killed"
+    assert json.dumps(failure.to_dict()) == json.dumps(
+        {**failure.to_dict(), "kind": "worker_killed"}
+    )
+    assert FailureKind("oom") is FailureKind.OOM
 
 
 def test_failure_to_dict() -> None:

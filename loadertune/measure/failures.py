@@ -13,12 +13,55 @@ import re
 import signal
 import traceback
 from dataclasses import dataclass
+from enum import Enum
+from typing import NamedTuple
 
 from loadertune.units import GIB
 
+
+class FailureKind(str, Enum):
+    """The short, machine-readable cause of a failure: the value of ``trial.error``.
+
+    A ``str``: a member equals its value (``FailureKind.OOM == "oom"``), and ``json.dumps``,
+    ``str()`` and f-strings write the plain value.
+    """
+
+    # From what torch and the OS report about the loader and its workers
+    SHM_EXHAUSTED = "shm_exhausted"
+    WORKER_KILLED = "worker_killed"
+    TOO_MANY_FILES = "too_many_files"
+    TIMEOUT = "timeout"
+    CUDA_IN_FORK = "cuda_in_fork"
+    OOM = "oom"
+    HOST_OOM = "host_oom"
+    PICKLE_ERROR = "pickle_error"
+    PIN_MEMORY_THREAD = "pin_memory_thread"
+    WORKER_CRASHED = "worker_crashed"
+    # The user's own code raised (user bugs)
+    DATASET_ERROR = "dataset_error"
+    STEP_ERROR = "step_error"
+    SCRIPT_ERROR = "script_error"
+    # Seen by the runners and their supervisor
+    MEMORY_BUDGET = "memory_budget"
+    TRIAL_CRASHED = "trial_crashed"
+    NO_BATCHES = "no_batches"
+    NO_LOADER = "no_loader"
+    SCRIPT_ENDED = "script_ended"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 # Kinds that mean "this setting asks for too much"; a larger setting would fail the same way.
 RESOURCE_KINDS = frozenset(
-    {"worker_killed", "shm_exhausted", "too_many_files", "oom", "host_oom", "memory_budget"}
+    {
+        FailureKind.WORKER_KILLED,
+        FailureKind.SHM_EXHAUSTED,
+        FailureKind.TOO_MANY_FILES,
+        FailureKind.OOM,
+        FailureKind.HOST_OOM,
+        FailureKind.MEMORY_BUDGET,
+    }
 )
 
 
@@ -27,7 +70,8 @@ class Failure:
     """Why a trial failed.
 
     Attributes:
-        kind: short cause, e.g. ``"worker_killed"``, ``"timeout"``, ``"oom"``, ``"dataset_error"``.
+        kind: short cause, a :class:`FailureKind` (``"worker_killed"``, ``"timeout"``, ``"oom"``,
+            ``"dataset_error"``...); a plain string with the same value works the same.
         message: one line saying what happened.
         advice: what to do about it.
         user_bug: True when no DataLoader setting can fix it; the search stops and shows ``detail``.
@@ -50,57 +94,70 @@ class Failure:
         }
 
 
-# (kind, pattern, message, advice), tried in order against the exception text.
-_PATTERNS: list[tuple[str, str, str, str]] = [
-    (
-        "shm_exhausted",
+HANG_ADVICE = (  # a hung worker or step
+    "use the 'spawn' or 'forkserver' start method, set OMP_NUM_THREADS=1 and "
+    "cv2.setNumThreads(0) in worker_init_fn, and check the dataset for locks or network waits"
+)
+_HOST_OOM_ADVICE = "use fewer workers, a smaller prefetch_factor or a smaller batch size"
+
+
+class _Pattern(NamedTuple):
+    kind: FailureKind
+    regex: str
+    message: str
+    advice: str
+
+
+# Tried in order against the exception text.
+_PATTERNS: list[_Pattern] = [
+    _Pattern(
+        FailureKind.SHM_EXHAUSTED,
         r"killed by signal: Bus error|out of shared memory|No space left on device",
         "a DataLoader worker ran out of shared memory (/dev/shm)",
         "raise the shared memory limit (docker run --shm-size=8g), or use fewer workers or a "
         "smaller prefetch_factor",
     ),
-    (
-        "worker_killed",
+    _Pattern(
+        FailureKind.WORKER_KILLED,
         r"killed by signal: Killed",
         "a DataLoader worker was killed (SIGKILL), most likely by the out-of-memory killer",
         "use fewer workers or a smaller prefetch_factor; keep the dataset's samples in numpy "
         "arrays or tensors rather than Python lists and dicts (copy-on-read)",
     ),
-    (
-        "too_many_files",
+    _Pattern(
+        FailureKind.TOO_MANY_FILES,
         r"Too many open files|received 0 items of ancdata",
         "the process ran out of file descriptors",
         "raise the limit (ulimit -n 65536), or call "
         "torch.multiprocessing.set_sharing_strategy('file_system')",
     ),
-    (
-        "timeout",
+    _Pattern(
+        FailureKind.TIMEOUT,
         r"DataLoader timed out after",
         "no batch arrived in time: a worker hung or deadlocked",
-        "use the 'spawn' or 'forkserver' start method, set OMP_NUM_THREADS=1 and "
-        "cv2.setNumThreads(0) in worker_init_fn, and check the dataset for locks or network waits",
+        HANG_ADVICE,
     ),
-    (
-        "cuda_in_fork",
+    _Pattern(
+        FailureKind.CUDA_IN_FORK,
         r"Cannot re-initialize CUDA in forked subprocess",
         "the dataset uses CUDA inside a forked DataLoader worker",
         "keep CUDA out of the dataset (move tensors to the GPU in the training step), or pass "
         "multiprocessing_context='spawn'",
     ),
-    (
-        "oom",
+    _Pattern(
+        FailureKind.OOM,
         r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED",
         "the GPU ran out of memory",
         "use a smaller batch size (or AMP); each trial that hits this is recorded and skipped",
     ),
-    (
-        "host_oom",
+    _Pattern(
+        FailureKind.HOST_OOM,
         r"\bMemoryError\b",  # \b: not OutOfMemoryError; a worker's is re-raised as this
         "a process ran out of host memory (MemoryError)",
-        "use fewer workers, a smaller prefetch_factor or a smaller batch size",
+        _HOST_OOM_ADVICE,
     ),
-    (
-        "pickle_error",
+    _Pattern(
+        FailureKind.PICKLE_ERROR,
         r"Can't pickle|[Cc]annot pickle|PicklingError|Can't get local object|"
         r"Can't get attribute .* on <module '__main__'",
         "the dataset (or collate_fn, worker_init_fn) cannot be sent to worker processes: it does "
@@ -108,14 +165,14 @@ _PATTERNS: list[tuple[str, str, str, str]] = [
         "define them at module level, without lambdas or open handles; or pass "
         "multiprocessing_context='fork' (not on macOS)",
     ),
-    (
-        "pin_memory_thread",
+    _Pattern(
+        FailureKind.PIN_MEMORY_THREAD,
         r"Pin memory thread exited unexpectedly",
         "the pin-memory thread died",
         "set pin_memory=False",
     ),
-    (
-        "worker_crashed",
+    _Pattern(
+        FailureKind.WORKER_CRASHED,
         r"killed by signal|exited unexpectedly",
         "a DataLoader worker died unexpectedly",
         "run once with num_workers=0 to see the dataset's own error; then fewer workers",
@@ -149,15 +206,15 @@ def classify_text(text: str, *, where: str, detail: str = "", num_workers: int =
             the hand-over between processes (an ``EOFError`` when a worker's end broke), which
             is tuning data, not a dataset bug.
     """
-    for kind, pattern, message, advice in _PATTERNS:
-        if re.search(pattern, text):
+    for kind, regex, message, advice in _PATTERNS:
+        if re.search(regex, text):
             return Failure(kind, message, advice, detail=detail or text)
     if where == "loader":
         wrapped = _WORKER_WRAP.search(text)
         if wrapped is None and num_workers > 0:
             first = text.strip().splitlines()[0] if text.strip() else "an exception"
             return Failure(
-                "worker_crashed",
+                FailureKind.WORKER_CRASHED,
                 f"receiving a batch from the DataLoader workers failed ({first[:120]})",
                 "a worker died or ran out of a resource; fewer workers or a smaller "
                 "prefetch_factor, and check `ulimit -n` and /dev/shm",
@@ -167,7 +224,7 @@ def classify_text(text: str, *, where: str, detail: str = "", num_workers: int =
             f"{wrapped.group(1)} in DataLoader worker {wrapped.group(2)}" if wrapped else "an error"
         )
         return Failure(
-            "dataset_error",
+            FailureKind.DATASET_ERROR,
             f"the dataset raised {origin}; this is a bug in the dataset, not a tuning problem",
             "fix the dataset: run it with num_workers=0 to debug the traceback below",
             user_bug=True,
@@ -175,7 +232,7 @@ def classify_text(text: str, *, where: str, detail: str = "", num_workers: int =
         )
     first = text.strip().splitlines()[-1] if text.strip() else "an exception"
     return Failure(
-        f"{where}_error",
+        FailureKind(f"{where}_error"),  # step_error, script_error
         f"the training {where} raised: {first[:200]}",
         f"fix the {where}; the traceback is below",
         user_bug=True,
@@ -219,9 +276,9 @@ def classify_exception(
     detail = format_exception(exc)
     if isinstance(exc, MemoryError):
         return Failure(
-            "host_oom",
+            FailureKind.HOST_OOM,
             "the process ran out of host memory (MemoryError)",
-            "use fewer workers, a smaller prefetch_factor or a smaller batch size",
+            _HOST_OOM_ADVICE,
             detail=detail,
         )
     if isinstance(exc, OSError) and exc.errno == 24:  # EMFILE
@@ -236,15 +293,15 @@ def classify_exit(returncode: int, *, output: str = "") -> Failure:
         sig = -returncode
         if sig == signal.SIGKILL:
             return Failure(
-                "host_oom",
+                FailureKind.HOST_OOM,
                 "the trial process was killed (SIGKILL), most likely by the out-of-memory killer",
-                "use fewer workers, a smaller prefetch_factor or a smaller batch size",
+                _HOST_OOM_ADVICE,
                 detail=output,
             )
         if sig == signal.SIGBUS:
             return classify_text("killed by signal: Bus error", where="loader", detail=output)
         return Failure(
-            "trial_crashed",
+            FailureKind.TRIAL_CRASHED,
             f"the trial process died of {_signal_name(sig)}",
             "run the script once by hand with these settings to see the crash",
             detail=output,
@@ -254,7 +311,7 @@ def classify_exit(returncode: int, *, output: str = "") -> Failure:
         if not found.user_bug:
             return found
     return Failure(
-        "trial_crashed",
+        FailureKind.TRIAL_CRASHED,
         f"the trial process exited with status {returncode} without a result",
         "run the script once by hand with these settings",
         detail=output,
@@ -264,14 +321,16 @@ def classify_exit(returncode: int, *, output: str = "") -> Failure:
 def hang(seconds: float) -> Failure:
     """The watchdog saw no progress for ``seconds``."""
     return Failure(
-        "timeout", f"no progress for {seconds:.0f} s: a worker or the step hung", _PATTERNS[3][3]
+        FailureKind.TIMEOUT,
+        f"no progress for {seconds:.0f} s: a worker or the step hung",
+        HANG_ADVICE,
     )
 
 
 def memory_budget(used_bytes: int, budget_bytes: int) -> Failure:
     """The process tree's memory crossed the budget; the trial was stopped before the OOM killer."""
     return Failure(
-        "memory_budget",
+        FailureKind.MEMORY_BUDGET,
         f"host memory of the trial reached {used_bytes / GIB:.1f} GiB, over the budget "
         f"of {budget_bytes / GIB:.1f} GiB",
         "use fewer workers or a smaller prefetch "

@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from loadertune.config import Config
 from loadertune.errors import UserCodeError
-from loadertune.measure.failures import Failure, classify_exception
+from loadertune.measure.failures import Failure, FailureKind, classify_exception
 from loadertune.measure.meter import Meter, WindowSpec
 from loadertune.trials import _torch_internals as _internals
 from loadertune.trials import loader as dl
@@ -362,7 +362,7 @@ class _TooShort(Exception):
 
     def failure(self) -> Failure:
         return Failure(
-            "no_batches",
+            FailureKind.NO_BATCHES,
             f"the loader produced no batch to measure ({self.epoch_samples} samples per epoch at "
             f"batch_size={self.config.batch_size}, drop_last may drop them all)",
             "use a smaller batch size, or drop_last=False",

@@ -27,7 +27,7 @@ import psutil
 from loadertune.config import Config
 from loadertune.errors import ConfigError, ScriptError
 from loadertune.measure import failures, nvml
-from loadertune.measure.failures import Failure
+from loadertune.measure.failures import Failure, FailureKind
 from loadertune.measure.meter import Measurement, WindowSpec
 from loadertune.trials.channel import Channel
 from loadertune.trials.child import SPEC_ENV
@@ -215,10 +215,10 @@ class ScriptRunner:
                 if (
                     not sup.started
                     and result.extra.get("loader") is None
-                    and expired.kind == "timeout"
+                    and expired.kind == FailureKind.TIMEOUT
                 ):
                     expired = Failure(
-                        "no_loader",
+                        FailureKind.NO_LOADER,
                         f"the script did not iterate a DataLoader within {limits.startup_s:.0f} s",
                         "if it is slow to start, give a "
                         "larger --budget; check that it iterates a DataLoader at all",
@@ -268,9 +268,9 @@ class ScriptRunner:
                 detail=detail,
                 num_workers=msg.get("num_workers", 0),
             )
-            if failure.kind == "script_error":
+            if failure.kind == FailureKind.SCRIPT_ERROR:
                 failure = Failure(
-                    "script_error",
+                    FailureKind.SCRIPT_ERROR,
                     f"the script raised {msg['text'][:200]}",
                     "fix the script; its traceback is below",
                     user_bug=True,
@@ -286,7 +286,7 @@ class ScriptRunner:
                     else "without iterating the DataLoader"
                 )
                 result.failure = Failure(
-                    "script_ended",
+                    FailureKind.SCRIPT_ENDED,
                     f"{msg['how']} {what}",
                     "check the script's arguments (too few epochs or batches?) "
                     "and which loader is tuned (--loader)",

@@ -11,9 +11,12 @@ import dataclasses
 import time
 
 from loadertune.measure import failures
-from loadertune.measure.failures import Failure
+from loadertune.measure.failures import Failure, FailureKind
 from loadertune.measure.resources import ResourceSampler, ResourceUsage
 from loadertune.trials.runner import Limits, ShouldStop
+
+# Causes vague enough that what the sampler saw may name a sharper one
+_VAGUE = frozenset({FailureKind.TIMEOUT, FailureKind.WORKER_CRASHED, FailureKind.TRIAL_CRASHED})
 
 
 class Supervisor:
@@ -81,7 +84,7 @@ class Supervisor:
         waits: the hang is really "too many open files" when the tree came near RLIMIT_NOFILE or
         the trial's output says so.
         """
-        if failure.kind not in ("timeout", "worker_crashed", "trial_crashed"):
+        if failure.kind not in _VAGUE:
             return failure
         usage = self.sampler.usage
         near_limit = bool(usage.open_files_limit) and usage.max_open_files >= 0.9 * (
@@ -106,16 +109,16 @@ class Supervisor:
             return failures.memory_budget(self.sampler.budget_hit, lim.memory_budget_bytes)
         if now - self.t_start > lim.timeout_s:
             return Failure(
-                "timeout",
+                FailureKind.TIMEOUT,
                 f"the trial ran past its limit of {lim.timeout_s:.0f} s",
                 "a slower setting or a hang; see the next trials",
             )
         if not self.started and now - self.t_start > lim.startup_s:
             return Failure(
-                "timeout",
+                FailureKind.TIMEOUT,
                 f"no batch within {lim.startup_s:.0f} s of the start: the "
                 "workers did not start or the first batch hung",
-                failures.hang(lim.startup_s).advice,
+                failures.HANG_ADVICE,
             )
         if self.started and now - self.last_sign > lim.hang_s:
             return failures.hang(lim.hang_s)
