@@ -434,3 +434,43 @@ def test_after_a_pickle_error_no_worker_setting_is_tried(tmp_path, hw) -> None:
     with_workers = [c for p, c in runner.log if c.num_workers]
     assert len(with_workers) == 1  # the probe's num_workers=1; nothing after it
     assert outcome.winner.num_workers == 0
+
+
+def test_a_failed_setting_is_never_run_again(tmp_path, hw) -> None:
+    """Timeouts included: a setting too slow to start once is not retried (w=16 ran three
+    times in one search before), and neither is a setting with more workers."""
+
+    def fail(config: Config) -> Failure | None:
+        if config.num_workers >= 9:
+            return Failure("timeout", "no batch within 8 s", "a slower setting or a hang")
+        return None
+
+    runner = FakeRunner(io_landscape, fail=fail)
+    Search(
+        runner,
+        hardware=hw,
+        baseline=Config(32),
+        batch_sizes=[32],
+        settings=settings(tmp_path, patience=40, budget_s=15),
+    ).run()
+    failed = [c for p, c in runner.log if fail(c) is not None]
+    assert failed, "the landscape's optimum lies beyond 9 workers: the search must get there"
+    assert len(failed) == len(set(failed))
+    for i, bad in enumerate(failed):
+        assert not any(dominated(bad, earlier, "timeout") for earlier in failed[:i])
+
+
+@pytest.mark.parametrize(
+    ("config", "failed", "kind", "expected"),
+    [
+        (Config(32, 4, 2), Config(32, 4, 2), "timeout", True),
+        (Config(32, 4, 2), Config(32, 4, 2), "trial_crashed", True),
+        (Config(32, 8, 1), Config(32, 4, 2), "timeout", True),
+        (Config(32, 2, 8), Config(32, 4, 2), "timeout", False),
+        (Config(16, 8, 2), Config(32, 4, 2), "timeout", False),
+        (Config(32, 0), Config(32, 0), "timeout", True),
+        (Config(32, 1), Config(32, 0), "timeout", False),
+    ],
+)
+def test_what_a_failure_rules_out(config: Config, failed: Config, kind: str, expected: bool):
+    assert dominated(config, failed, kind) is expected

@@ -20,8 +20,13 @@ def dominated(config: Config, failed: Config, kind: str) -> bool:
     the resource that ran out."""
     if kind == "pickle_error":  # no worker can receive the dataset
         return config.num_workers > 0
+    if config == failed:  # the same setting fails the same way: never run it twice
+        return True
     if kind == "oom":  # GPU memory grows with the batch, not the workers
         return config.batch_size >= failed.batch_size and config.pin_memory == failed.pin_memory
+    if kind == "timeout" and failed.num_workers:  # too slow to start or to deliver: more
+        # workers start slower still, whatever their prefetch
+        return config.num_workers >= failed.num_workers and config.batch_size >= failed.batch_size
     if kind not in RESOURCE_KINDS or failed.num_workers == 0:
         return False
     return (
