@@ -474,3 +474,22 @@ def test_a_failed_setting_is_never_run_again(tmp_path, hw) -> None:
 )
 def test_what_a_failure_rules_out(config: Config, failed: Config, kind: str, expected: bool):
     assert dominated(config, failed, kind) is expected
+
+
+def test_the_worker_range_widens_when_the_best_sits_at_its_edge(tmp_path, hw) -> None:
+    """Loading that waits: 150 samples/s per worker up to 12,000, so 80 workers. The probe's
+    estimate caps the first range below that; the search must widen it, not stop at a rule."""
+
+    def far(config: Config) -> float:
+        return 400.0 if config.num_workers == 0 else min(150.0 * config.num_workers, 12000.0)
+
+    outcome = Search(
+        FakeRunner(far),
+        hardware=hw,
+        baseline=Config(32),
+        batch_sizes=[32],
+        settings=settings(tmp_path, budget_s=30, patience=12),
+    ).run()
+    first_cap = outcome.space.limits.get("cpu")
+    assert outcome.space.max_workers > 60, outcome.space
+    assert outcome.values[outcome.winner] >= 0.95 * 12000, (outcome.winner, first_cap)

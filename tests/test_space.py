@@ -17,7 +17,13 @@ from loadertune.config import (
     normalize_batch_sizes,
 )
 from loadertune.errors import ConfigError
-from loadertune.search.space import MAX_WORKERS_HARD, SearchSpace, worker_cap
+from loadertune.search.space import (
+    FDS_PER_WORKER,
+    MAX_WORKERS_HARD,
+    SearchSpace,
+    widened,
+    worker_cap,
+)
 
 from workloads import TensorDataset
 
@@ -504,13 +510,12 @@ def test_worker_cap_has_a_hard_ceiling() -> None:
 
 
 def test_worker_cap_ram() -> None:
-    """10 GiB budget, 2 GiB main process, 1 GiB per worker: 8 workers."""
+    """8 GiB budget, 1 GiB per worker: 8 workers."""
     gib = 2**30
     cap, limits = worker_cap(
         usable_cpus=16,
         io_bound=False,
-        ram_budget_bytes=10 * gib,
-        main_pss_bytes=2 * gib,
+        ram_budget_bytes=8 * gib,
         worker_pss_bytes=gib,
     )
     assert limits == {"cpu": 17, "ram": 8}
@@ -522,8 +527,7 @@ def test_worker_cap_ram_allows_at_least_one_worker() -> None:
     cap, limits = worker_cap(
         usable_cpus=4,
         io_bound=False,
-        ram_budget_bytes=gib,
-        main_pss_bytes=2 * gib,
+        ram_budget_bytes=gib // 2,
         worker_pss_bytes=gib,
     )
     assert limits["ram"] == 1
@@ -565,3 +569,30 @@ def test_check_max_workers_rejects_absurd_values() -> None:
     check_max_workers(128, logical_cpus=16)
     with pytest.raises(ConfigError, match=r"at most 128"):
         check_max_workers(129, logical_cpus=16)
+
+
+def test_worker_cap_io_bound_follows_what_the_wait_needs() -> None:
+    """10 ms of I/O per sample at a 4,000 samples/s step needs 40 workers: no 8-per-CPU cap."""
+    cap, limits = worker_cap(usable_cpus=2, io_bound=True, workers_needed=40)
+    assert cap == 60 and limits == {"cpu": 60}
+    cap, _ = worker_cap(usable_cpus=2, io_bound=True, workers_needed=4)
+    assert cap == 16  # never below 8 per CPU
+    cap, _ = worker_cap(usable_cpus=2, io_bound=False, workers_needed=40)
+    assert cap == 3  # loading that computes gains nothing past the CPUs
+
+
+def test_worker_cap_open_files() -> None:
+    cap, limits = worker_cap(usable_cpus=2, io_bound=True, workers_needed=400, open_files_limit=256)
+    assert limits["fds"] == 256 // FDS_PER_WORKER and cap == limits["fds"]
+
+
+def test_a_space_is_widened_only_when_its_best_sits_at_a_cpu_rule_edge() -> None:
+    space = SearchSpace(batch_sizes=(32,), max_workers=16, limits={"cpu": 16, "ram": 100})
+    assert widened(space, best_workers=16).max_workers == 32
+    assert widened(space, best_workers=12).max_workers == 32
+    assert widened(space, best_workers=8) is space
+    by_ram = SearchSpace(batch_sizes=(32,), max_workers=16, limits={"cpu": 64, "ram": 16})
+    assert widened(by_ram, best_workers=16) is by_ram
+    near_ram = SearchSpace(batch_sizes=(32,), max_workers=16, limits={"cpu": 16, "ram": 20})
+    assert widened(near_ram, best_workers=16).max_workers == 20
+    assert widened(space, best_workers=16, hard=16) is space

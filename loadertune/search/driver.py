@@ -15,9 +15,15 @@ from loadertune.measure.resources import tree_pss
 from loadertune.search.confirm import Confirmation, confirm
 from loadertune.search.frontier import Frontier
 from loadertune.search.outcome import Observer, SearchOutcome
-from loadertune.search.probe import Estimates, estimate, seed_configs
+from loadertune.search.probe import (
+    IO_BOUND_CPU_FRACTION,
+    Estimates,
+    estimate,
+    seed_configs,
+    workers_to_feed,
+)
 from loadertune.search.settings import SearchSettings, default_storage
-from loadertune.search.space import SearchSpace, worker_cap
+from loadertune.search.space import SearchSpace, widened, worker_cap
 from loadertune.search.stop import loader_keeps_up
 from loadertune.search.study import Previous, StudyLog, quiet_optuna
 from loadertune.trials import Limits, TrialResult, TrialRunner, window_for
@@ -184,17 +190,18 @@ class Search:
         return w0, (w1 if w1 is not None and w1.ok else None), replay
 
     def _build_space(
-        self, w0: TrialResult, w1: TrialResult | None
+        self, w0: TrialResult, w1: TrialResult | None, replay: TrialResult | None
     ) -> tuple[SearchSpace, dict[str, int]]:
         m0 = w0.measurement
-        io_bound = m0 is not None and (m0.blocked_cpu_fraction or 1.0) < 0.5
+        io_bound = m0 is not None and (m0.blocked_cpu_fraction or 1.0) < IO_BOUND_CPU_FRACTION
         worker_pss = w1.resources.worker_pss_bytes if w1 and w1.resources else None
         cap, limits = worker_cap(
             usable_cpus=self.hw.usable_cpus,
             io_bound=io_bound,
+            workers_needed=workers_to_feed(w0, replay, self.hw.usable_cpus),
             ram_budget_bytes=self._memory_budget,
-            main_pss_bytes=None,
             worker_pss_bytes=worker_pss,
+            open_files_limit=self.hw.open_files_limit,
             user_max=self.settings.max_workers,
         )
         in_flight_budget = None
@@ -229,7 +236,11 @@ class Search:
             return "at_ceiling"
         return None
 
-    def _explore(self, log: StudyLog, space: SearchSpace, est: Estimates | None) -> str:
+    def _explore(
+        self, log: StudyLog, space: SearchSpace, est: Estimates | None
+    ) -> tuple[str, SearchSpace]:
+        """Ask Optuna for settings and measure them until a stop rule says enough; returns why
+        it stopped and the space as it ended (widened when the best sat at its edge)."""
         reserve = self._confirm_cost()
         space_size = len(space.configs())
         idle = 0  # consecutive proposals that ran nothing (duplicates, skips)
@@ -240,11 +251,14 @@ class Search:
                 size = self.frontier.largest_safe_batch(list(space.batch_sizes))
                 if self.best and size and not any(c.batch_size == size for c in self.values):
                     log.enqueue(dataclasses.replace(self.best.config, batch_size=size))
+            wider = self._widen(log, space)
+            if wider is not space:
+                space, space_size = wider, len(wider.configs())
             reason = self._stop_reason(space_size, len(space.batch_sizes), est, reserve)
             if reason:
-                return reason
+                return reason, space
             if idle >= 50:
-                return "no_new_proposals"
+                return "no_new_proposals", space
             config = log.ask(space)
             skip = space.rejects(config) or self.frontier.rules_out(config)
             if skip is not None:
@@ -258,6 +272,25 @@ class Search:
                 continue
             idle = 0
             log.tell(self._measure(config, "search", prunable=True))
+
+    def _widen(self, log: StudyLog, space: SearchSpace) -> SearchSpace:
+        """No rule of thumb caps the workers: when the best sits at the edge of the range and
+        only the CPU rule set that edge, double the range and try past the edge next."""
+        if self.best is None:
+            return space
+        best = self.best.config
+        wider = widened(space, best_workers=best.num_workers)
+        if wider is not space:
+            for w in (min(wider.max_workers, 2 * best.num_workers), wider.max_workers):
+                log.enqueue(
+                    wider.nearest(
+                        dataclasses.replace(
+                            best, num_workers=w, prefetch_factor=best.prefetch_factor or 2
+                        )
+                    )
+                )
+            self._since_gain = 0  # a new region: patience starts again
+        return wider
 
     def _confirm_cost(self) -> float:
         """Seconds to keep for the confirmation: its rounds, or at most 40% of the budget."""
@@ -352,7 +385,7 @@ class Search:
         if self.observer:
             self.observer.phase("probe")
         w0, w1, replay = self._probe()
-        space, _ = self._build_space(w0, w1)
+        space, _ = self._build_space(w0, w1, replay)
         est = (
             estimate(
                 w0=w0,
@@ -384,11 +417,13 @@ class Search:
         )
         return space, previous.estimates
 
-    def _seed_and_explore(self, log: StudyLog, space: SearchSpace, est: Estimates | None) -> str:
+    def _seed_and_explore(
+        self, log: StudyLog, space: SearchSpace, est: Estimates | None
+    ) -> tuple[str, SearchSpace]:
         """Stop at once when the loader keeps up; else enqueue the seeds and explore."""
         base = next((t for t in self.trials if t.phase == "baseline"), None)
         if len(space.batch_sizes) == 1 and loader_keeps_up(base, est):
-            return "compute_bound"  # nothing to gain: confirm the baseline and stop
+            return "compute_bound", space  # nothing to gain: confirm the baseline and stop
         if self.observer:
             self.observer.phase("explore")
         seeds = (
@@ -409,7 +444,7 @@ class Search:
     def _run(self, log: StudyLog, t0: float) -> SearchOutcome:
         previous = log.previous()
         space, est = self._start(log) if previous is None else self._resume(previous)
-        reason = self._seed_and_explore(log, space, est)
+        reason, space = self._seed_and_explore(log, space, est)
         if self.observer:
             self.observer.phase("confirm")
         confirmation = self._confirm(log, space, baseline_only=reason == "compute_bound")

@@ -171,6 +171,21 @@ def estimate(
     )
 
 
+def workers_to_feed(w0: TrialResult, replay: TrialResult | None, usable_cpus: int) -> int | None:
+    """Workers that keep the step fed, each waiting as loading waits in ``num_workers=0``:
+    the rate to reach (the step's, or what the CPUs can load if lower) × wall time per sample.
+    None when the probe cannot tell."""
+    m0 = w0.measurement
+    if m0 is None or m0.n_samples <= 0 or replay is None or not replay.ok:
+        return None
+    wall = _per_sample(w0, m0.blocked_fraction)
+    cpu = wall * min(1.0, m0.blocked_cpu_fraction if m0.blocked_cpu_fraction is not None else 1.0)
+    target = replay.samples_per_s or 0.0
+    if cpu > 0:
+        target = min(target, usable_cpus / cpu)
+    return max(1, math.ceil(target * wall))
+
+
 def seed_configs(
     est: Estimates,
     space: SearchSpace,

@@ -9,6 +9,7 @@ by host RAM per worker and by ``/dev/shm``, which holds every batch in flight
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -114,25 +115,51 @@ class SearchSpace:
         return candidate
 
 
+FDS_PER_WORKER = 8  # the parent's pipes, queues and sentinels per worker, with room to spare
+
+
 def worker_cap(
     *,
     usable_cpus: int,
     io_bound: bool,
+    workers_needed: int | None = None,
     ram_budget_bytes: int | None = None,
-    main_pss_bytes: int | None = None,
     worker_pss_bytes: int | None = None,
+    open_files_limit: int | None = None,
     user_max: int | None = None,
 ) -> tuple[int, dict[str, int]]:
     """The highest ``num_workers`` worth trying, and each limit that went into it.
 
     CPU-bound loading gains nothing past the usable CPUs (the training loop needs one too), so
-    the cap is ``usable_cpus + 1`` to see the downturn; loading that waits on I/O overlaps its
-    waits and may profit from several workers per CPU. RAM bounds it by the memory per worker.
+    the cap is ``usable_cpus + 1`` to see the downturn. Loading that waits on I/O overlaps its
+    waits: no rule of thumb bounds it, only what the wait needs. ``workers_needed`` (the probe's
+    rate to reach × wall time per sample) sets the cap with 50% to spare, never below 8 per CPU;
+    the search widens it further when its best sits at the edge. The machine bounds it: RAM per
+    worker, the open-file limit, and a hard ceiling.
     """
-    limits = {"cpu": min(MAX_WORKERS_HARD, usable_cpus * 8 if io_bound else usable_cpus + 1)}
+    if io_bound:
+        cpu = max(usable_cpus * 8, math.ceil(1.5 * (workers_needed or 0)))
+    else:
+        cpu = usable_cpus + 1
+    limits = {"cpu": min(MAX_WORKERS_HARD, cpu)}
     if ram_budget_bytes and worker_pss_bytes:
-        spare = ram_budget_bytes - (main_pss_bytes or 0)
-        limits["ram"] = max(1, int(spare // worker_pss_bytes))
+        limits["ram"] = max(1, int(ram_budget_bytes // worker_pss_bytes))
+    if open_files_limit:
+        limits["fds"] = max(1, open_files_limit // FDS_PER_WORKER)
     if user_max is not None:
         limits["user"] = user_max
     return max(0, min(limits.values())), limits
+
+
+def widened(space: SearchSpace, *, best_workers: int, hard: int = MAX_WORKERS_HARD) -> SearchSpace:
+    """``space`` with twice the workers when the best setting sits at the edge of a cap that
+    only the CPU rule set (RAM, file descriptors and the user's cap are real limits); else
+    ``space`` itself."""
+    limits = space.limits
+    if best_workers < 0.75 * space.max_workers or limits.get("cpu") != space.max_workers:
+        return space
+    others = [v for k, v in limits.items() if k != "cpu"]
+    cap = min([hard, 2 * space.max_workers, *others])
+    if cap <= space.max_workers:
+        return space
+    return dataclasses.replace(space, max_workers=cap, limits={**limits, "cpu": cap})
