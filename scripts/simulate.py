@@ -1,0 +1,1022 @@
+"""Run the REAL search driver on simulated workloads, in simulated time, and score its picks.
+
+Each workload is drawn from a handful of parameters over wide ranges. A fake runner answers the
+driver's trials from a small closed-form model (with noise, failures and wall-time costs), a fake
+clock replaces ``time`` where the driver reads it, and the driver's pick is scored against the
+noiseless optimum of the same model::
+
+    python scripts/simulate.py --n 300 --seed 7                  # both modes, budget 60 s
+    python scripts/simulate.py --n 300 --seed 8 --mode script --budget 30
+    python scripts/simulate.py --n 50 --seed 7 --workload-json /tmp/w.json
+    python scripts/simulate.py --seed 7 --one 42 --mode inline     # trace one search
+
+The seed is random (and printed) unless given; never tune a policy against one fixed seed.
+
+The model (per workload; ``B`` batch size, ``n`` workers, ``P`` usable CPUs; times in seconds)
+-------------------------------------------------------------------------------------------------
+Per sample in ``__getitem__``: CPU ``c``, I/O wait ``io``; collate CPU ``cc`` per sample; ``S``
+bytes per sample. Step per batch ``step(B) = a + b*B + xfer(B)`` of wall time, of which
+``f*(a + b*B)`` is CPU in the main process (``f = 1`` for a CPU step, 0.02..0.3 for a GPU step);
+``xfer(B) = B*S*h2d`` (GPU only; times ``pin_factor`` with ``pin_memory``, and pinning then costs
+the main process ``B*S/8 GB/s`` of CPU). The main process receives each batch from a worker in
+``recv(B) = r0 + r1*B*S`` (inside ``next()``).
+
+* ``n = 0``: loading and step take turns: ``rate = B / (B*(c + io + cc) + step(B) + pin_cpu(B))``.
+* ``n > 0``: the barrel principle, the lowest of four stages::
+
+      k      = 1 + kappa * max(0, n - P) / P          # process overhead past the CPU count
+      t_w    = k*(c + cc) + io                         # a worker's time per sample
+      loader = n / t_w * (1 - burst / (2*pf))          # prefetch smooths bursty I/O a little
+      io_cap = q / io                                  # storage saturates at q requests in flight
+      main   = B / (recv(B) + step(B))                 # the main process: receive, then step
+      cpus   = P / (k*(c + cc) + (recv(B) + f*(a + b*B) + pin_cpu(B)) / B)
+      rate   = min(loader, io_cap, main, cpus)
+
+* Epoch rate (what the driver maximises): ``N / (N/rate + start)`` with ``N`` samples per epoch
+  and ``start = startup(n)*(not persistent) + B*t_w`` (a new epoch waits for a worker to make its
+  first batch; ``startup(n) = s0*(1 + 0.05*(n - 1))``); the steady rate when ``N`` is unknown.
+* Failures: GPU out of memory when ``g0 + g1*B`` exceeds the card; a Bus error (``/dev/shm``) when
+  ``(n*pf + 1)*B*S`` (the batches in flight and the one the step holds) exceeds the free shared
+  memory; the driver's host-memory budget when the trial's tree
+  ``main_pss + n*(worker_pss + pf*B*S)`` exceeds it (``main_pss`` is in the budget inline, not for
+  a script: the script is the trial's own process); the driver's start-up, hang and trial time
+  limits, enforced on the trial's simulated times.
+* Noise: per trial a log-normal factor (sigma drawn in 5..30% per workload) and, with probability
+  3%, an outlier at 0.5x (a neighbour's burst); per sub-window a further log-normal factor.
+* Wall time of a trial: set-up (inline 0.05 s; script: a process start of 2..5 s per workload,
+  +-5% per trial) + first batch + warm-up batches + the window (sub-windows of whole batches, at
+  least 4 batches) + a re-entry (inline: every ``n > 0`` trial when ``N`` is known; script: with
+  persistent workers) + teardown. Pruning (``should_stop``) is honoured at every sub-window.
+* Modes: both search the same workloads and batch-size candidates. ``inline`` is ``tune_loader``
+  (the baseline is given, the runner knows the epoch length and CUDA); ``script`` is
+  ``tune_script`` (baseline=None: the first trial reports the script's own loader, and with it the
+  epoch length and CUDA), with the process start in every trial.
+
+Truth: the best noiseless epoch rate over every batch size offered x ``n`` in 0..256 (above any cap
+of the driver: the user's speed does not care about our caps) x prefetch 1/2/4/8 x pin (GPU) x
+persistent (known epoch), among settings that would not fail in that mode. "In space" restricts
+the same grid to the space the driver built (its worker cap, shared-memory budget, candidates).
+A search that raises scores 0. For each pick below 0.95 of the truth the report names a cause:
+a good setting (>= 0.95) ran but lost in the confirmation or never became a finalist; the pick is
+good within the space but the space left the optimum out; or no good setting was ever run (after
+exploring nothing, or something, with the stop reason).
+
+Hooks patched so the driver runs in simulated time (see :func:`simulated_time`):
+``loadertune.search.driver.time`` and ``loadertune.confirm.time`` (their ``time.monotonic``), and
+``loadertune.search.driver.tree_pss`` (the driver's own PSS, added to the memory budget inline).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import optuna
+
+import loadertune.confirm
+import loadertune.search.driver
+from loadertune import failures
+from loadertune.errors import LoadertuneError, UserCodeError
+from loadertune.failures import Failure
+from loadertune.hardware import Hardware
+from loadertune.meter import Measurement, WindowSpec
+from loadertune.resources import ResourceUsage
+from loadertune.search import Search, SearchOutcome, SearchSettings
+from loadertune.space import DEFAULT_BATCH_SIZES, DEFAULT_PREFETCH_FACTORS, MAX_WORKERS_HARD, Config
+from loadertune.trial import Limits, ShouldStop, TrialResult
+
+MODES = ("inline", "script")
+CPU_CHOICES = (1, 2, 4, 8, 16, 32)
+STARTUP_PER_WORKER = 0.05  # each extra worker adds 5% of s0 to the start-up
+PIN_COPY_S_PER_BYTE = 1 / 8e9  # the pin thread's memcpy into page-locked memory
+OUTLIER_P, OUTLIER_FACTOR = 0.03, 0.5
+MEMORY_FRACTION = SearchSettings().memory_budget_fraction
+
+
+# ---------------------------------------------------------------------------------------------
+# Workloads
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One simulated workload (times in seconds, sizes in bytes). See the module docstring."""
+
+    index: int
+    cpus: int
+    cpu_s: float  # c
+    io_s: float  # io
+    sample_bytes: float  # S
+    collate_s: float  # cc
+    step_a: float
+    step_b: float
+    step_cpu_frac: float  # f
+    gpu: bool
+    h2d_s_per_byte: float
+    pin_factor: float
+    recv_fixed_s: float  # r0
+    recv_s_per_byte: float  # r1
+    startup_s: float  # s0
+    epoch_samples: int | None
+    io_parallel: float  # q
+    overhead: float  # kappa
+    burst: float
+    main_pss: float
+    worker_pss: float
+    ram_available: float
+    shm_free: float
+    gpu_mem_fixed: float
+    gpu_mem_per_sample: float
+    gpu_capacity: float
+    noise_sigma: float
+    sub_sigma: float
+    process_start_s: float
+    batch_sizes: tuple[int, ...]
+    baseline: Config
+
+    @property
+    def offered(self) -> tuple[int, ...]:
+        """Every batch size the search may pick (the baseline's is added, as the driver does)."""
+        return tuple(sorted({*self.batch_sizes, self.baseline.batch_size}))
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["baseline"] = self.baseline.loader_kwargs()
+        return data
+
+
+def _log_uniform(rng: np.random.Generator, lo: float, hi: float) -> float:
+    return float(math.exp(rng.uniform(math.log(lo), math.log(hi))))
+
+
+def _baseline(rng: np.random.Generator, bs: int, gpu: bool) -> Config:
+    if rng.random() < 0.4:
+        return Config(bs, 0, None, bool(gpu and rng.random() < 0.5))
+    workers = int(rng.choice([1, 2, 4, 8, 16]))
+    return Config(bs, workers, 2, bool(gpu and rng.random() < 0.5), bool(rng.random() < 0.2))
+
+
+def draw_workload(seed: int, index: int) -> Workload:
+    """Workload ``index`` of the run seeded ``seed`` (the same pair gives the same workload)."""
+    rng = np.random.default_rng([seed, index])
+    lu = lambda lo, hi: _log_uniform(rng, lo, hi)  # noqa: E731
+    cpus = int(rng.choice(CPU_CHOICES))
+    gpu = bool(rng.random() < 0.6)
+    sample_bytes = lu(16, 8e6)
+    io_s = 0.0 if rng.random() < 0.3 else lu(1e-5, 2e-2)
+    cpu_s = lu(1e-6, 2e-2)
+    collate_s = lu(2e-7, 1e-4) + sample_bytes / lu(2e9, 1e10)
+    io_share = io_s / (io_s + cpu_s + collate_s)
+    kind = rng.random()
+    if kind < 0.5:
+        sizes = DEFAULT_BATCH_SIZES
+        user_bs = int(rng.choice(sizes))
+    else:
+        user_bs = int(rng.choice([8, 16, 32, 64, 128, 256]))
+        sizes = (user_bs,) if kind < 0.75 else (user_bs // 2, user_bs, user_bs * 2)
+    main_pss = lu(3e8, 8e9)
+    gpu_capacity = lu(8e9, 8e10)
+    gpu_fixed = rng.uniform(0.1, 0.5) * gpu_capacity
+    max_fit = lu(1.2 * user_bs, 8192)  # the user's own batch fits
+    baseline = _baseline(rng, user_bs, gpu)
+    w = Workload(
+        index=index,
+        cpus=cpus,
+        cpu_s=cpu_s,
+        io_s=io_s,
+        sample_bytes=sample_bytes,
+        collate_s=collate_s,
+        step_a=lu(1e-4, 1e-1),
+        step_b=0.0 if rng.random() < 0.2 else lu(1e-6, 2e-3),
+        step_cpu_frac=float(rng.uniform(0.02, 0.3)) if gpu else 1.0,
+        gpu=gpu,
+        h2d_s_per_byte=1 / lu(3e9, 2.5e10) if gpu else 0.0,
+        pin_factor=float(rng.uniform(0.6, 1.15)),
+        recv_fixed_s=lu(5e-5, 2e-3),
+        recv_s_per_byte=1 / lu(1e9, 2e10),
+        startup_s=lu(0.01, 2.0),
+        epoch_samples=None if rng.random() < 0.25 else int(lu(2e3, 2e6)),
+        io_parallel=lu(4, 1024),
+        overhead=float(rng.uniform(0.05, 0.3)),
+        burst=float(rng.uniform(0, 0.2)) * io_share,
+        main_pss=main_pss,
+        worker_pss=lu(5e7, 2e9),
+        ram_available=max(2.5 * main_pss, cpus * lu(1e9, 8e9)),
+        shm_free=64 * 2**20 if rng.random() < 0.2 else lu(1e9, 6.4e10),
+        gpu_mem_fixed=gpu_fixed,
+        gpu_mem_per_sample=(gpu_capacity - gpu_fixed) / max_fit,
+        gpu_capacity=gpu_capacity if gpu else 0.0,
+        noise_sigma=float(rng.uniform(0.05, 0.30)),
+        sub_sigma=float(rng.uniform(0.02, 0.15)),
+        process_start_s=float(rng.uniform(2.0, 5.0)),
+        batch_sizes=tuple(sizes),
+        baseline=baseline,
+    )
+    # The user's own setting runs (in either mode): fewer workers until it does.
+    while failure_kind(w, w.baseline, "script") is not None and w.baseline.num_workers:
+        b = w.baseline
+        fewer = (
+            Config(b.batch_size, b.num_workers // 2, None, b.pin_memory)
+            if b.num_workers > 1
+            else (Config(b.batch_size, 0, None, b.pin_memory))
+        )
+        w = dataclasses.replace(w, baseline=fewer)
+    return w
+
+
+# ---------------------------------------------------------------------------------------------
+# The model (pure functions; ``n`` may be a numpy array of worker counts >= 1)
+
+
+def xfer(w: Workload, bs: int, pin: bool) -> float:
+    return bs * w.sample_bytes * w.h2d_s_per_byte * (w.pin_factor if pin else 1.0)
+
+
+def pin_cpu(w: Workload, bs: int, pin: bool) -> float:
+    return bs * w.sample_bytes * PIN_COPY_S_PER_BYTE if pin and w.gpu else 0.0
+
+
+def step_wall(w: Workload, bs: int, pin: bool) -> float:
+    return w.step_a + w.step_b * bs + xfer(w, bs, pin)
+
+
+def recv(w: Workload, bs: int) -> float:
+    return w.recv_fixed_s + w.recv_s_per_byte * bs * w.sample_bytes
+
+
+def worker_time(w: Workload, n: Any) -> Any:
+    """``t_w``: a worker's seconds per sample with ``n`` workers (contention past the CPUs)."""
+    k = 1 + w.overhead * np.maximum(0, n - w.cpus) / w.cpus
+    return k * (w.cpu_s + w.collate_s) + w.io_s
+
+
+def stage_rates(w: Workload, bs: int, n: Any, pf: int, pin: bool) -> dict[str, Any]:
+    """Samples/s each stage allows with ``n >= 1`` workers."""
+    t_w = worker_time(w, n)
+    cpu_w = t_w - w.io_s
+    main_cpu = (
+        recv(w, bs) + w.step_cpu_frac * (w.step_a + w.step_b * bs) + pin_cpu(w, bs, pin)
+    ) / bs
+    return {
+        "loader": n / t_w * (1 - w.burst / (2 * pf)),
+        "io": w.io_parallel / w.io_s if w.io_s > 0 else math.inf,
+        "main": bs / (recv(w, bs) + step_wall(w, bs, pin)),
+        "cpu": w.cpus / (cpu_w + main_cpu),
+    }
+
+
+def steady_rate(w: Workload, bs: int, n: Any, pf: int | None, pin: bool) -> Any:
+    """Samples/s in steady state (the barrel principle; see the module docstring)."""
+    if np.isscalar(n) and n == 0:
+        load = bs * (w.cpu_s + w.io_s + w.collate_s)
+        return bs / (load + step_wall(w, bs, pin) + pin_cpu(w, bs, pin))
+    stages = stage_rates(w, bs, n, pf or 2, pin)
+    return np.minimum(
+        np.minimum(stages["loader"], stages["io"]), np.minimum(stages["main"], stages["cpu"])
+    )
+
+
+def startup(w: Workload, n: Any) -> Any:
+    return w.startup_s * (1 + STARTUP_PER_WORKER * (n - 1))
+
+
+def epoch_start(w: Workload, bs: int, n: Any, persistent: bool) -> Any:
+    """Seconds each epoch spends before its first batch (0 without workers)."""
+    if np.isscalar(n) and n == 0:
+        return 0.0
+    return (0.0 if persistent else startup(w, n)) + bs * worker_time(w, n)
+
+
+def epoch_rate(w: Workload, c: Config) -> float:
+    rate = steady_rate(w, c.batch_size, c.num_workers, c.prefetch_factor, c.pin_memory)
+    if not w.epoch_samples:
+        return float(rate)
+    start = epoch_start(w, c.batch_size, c.num_workers, c.persistent_workers)
+    return float(w.epoch_samples / (w.epoch_samples / rate + start))
+
+
+def shm_bytes(w: Workload, bs: int, n: Any, pf: int) -> Any:
+    """Shared memory the batches take: those in flight and the one the step holds."""
+    return (n * pf + 1) * bs * w.sample_bytes
+
+
+def tree_bytes(w: Workload, bs: int, n: Any, pf: int) -> Any:
+    return w.main_pss + n * (w.worker_pss + pf * bs * w.sample_bytes)
+
+
+def memory_budget(w: Workload, mode: str) -> float:
+    """What the driver's budget will be: its own PSS (inline only) + 80% of available RAM."""
+    return (w.main_pss if mode == "inline" else 0.0) + MEMORY_FRACTION * w.ram_available
+
+
+def failure_kind(w: Workload, c: Config, mode: str) -> str | None:
+    """The resource a trial of ``c`` runs out of (before any time limit), or None."""
+    if w.gpu and w.gpu_mem_fixed + w.gpu_mem_per_sample * c.batch_size > w.gpu_capacity:
+        return "oom"
+    if not c.num_workers:
+        return None
+    pf = c.prefetch_factor or 2
+    if shm_bytes(w, c.batch_size, c.num_workers, pf) > w.shm_free:
+        return "shm_exhausted"
+    if tree_bytes(w, c.batch_size, c.num_workers, pf) > memory_budget(w, mode):
+        return "memory_budget"
+    return None
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A grid of settings: batch sizes x workers 0..max x prefetch x pin x persistent."""
+
+    batch_sizes: tuple[int, ...]
+    max_workers: int
+    prefetch_factors: tuple[int, ...] = DEFAULT_PREFETCH_FACTORS
+    pin_memory: tuple[bool, ...] = (False,)
+    persistent_workers: tuple[bool, ...] = (False,)
+    max_in_flight_bytes: float | None = None
+
+
+def true_grid(w: Workload) -> Grid:
+    return Grid(
+        batch_sizes=w.offered,
+        max_workers=MAX_WORKERS_HARD,
+        pin_memory=(False, True) if w.gpu else (False,),
+        persistent_workers=(False, True) if w.epoch_samples else (False,),
+    )
+
+
+def space_grid(outcome: SearchOutcome) -> Grid:
+    s = outcome.space
+    return Grid(
+        batch_sizes=s.batch_sizes,
+        max_workers=s.max_workers,
+        prefetch_factors=s.prefetch_factors,
+        pin_memory=s.pin_memory,
+        persistent_workers=s.persistent_workers,
+        max_in_flight_bytes=s.max_in_flight_bytes,
+    )
+
+
+def grid_best(
+    w: Workload, grid: Grid, mode: str, *, feasible_only: bool = True
+) -> tuple[float, Config]:
+    """The best noiseless epoch rate over ``grid`` (settings that would fail excluded)."""
+    best, best_config = 0.0, Config(w.baseline.batch_size)
+    for bs, pin in ((bs, pin) for bs in grid.batch_sizes for pin in grid.pin_memory):
+        if feasible_only and failure_kind(w, Config(bs, 0, None, pin), mode) == "oom":
+            continue
+        value = epoch_rate(w, Config(bs, 0, None, pin))
+        if value > best:
+            best, best_config = value, Config(bs, 0, None, pin)
+        n = np.arange(1, grid.max_workers + 1)
+        if not len(n):
+            continue
+        for pf in grid.prefetch_factors:
+            rate = steady_rate(w, bs, n, pf, pin)
+            in_flight = n * pf * bs * w.sample_bytes
+            ok = np.ones_like(n, dtype=bool)
+            if grid.max_in_flight_bytes is not None:
+                ok &= in_flight <= grid.max_in_flight_bytes
+            if feasible_only:
+                ok &= shm_bytes(w, bs, n, pf) <= w.shm_free
+                ok &= tree_bytes(w, bs, n, pf) <= memory_budget(w, mode)
+            for pers in grid.persistent_workers:
+                values = rate
+                if w.epoch_samples:
+                    values = w.epoch_samples / (
+                        w.epoch_samples / rate + epoch_start(w, bs, n, pers)
+                    )
+                values = np.where(ok, values, 0.0)
+                i = int(np.argmax(values))
+                if values[i] > best:
+                    best, best_config = float(values[i]), Config(bs, int(n[i]), pf, pin, pers)
+    return best, best_config
+
+
+# ---------------------------------------------------------------------------------------------
+# The fake clock and the runner
+
+
+class FakeClock:
+    """Stands in for the ``time`` module where the driver reads it."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += max(0.0, seconds)
+
+
+@contextlib.contextmanager
+def simulated_time(clock: FakeClock, own_pss: int) -> Iterator[None]:
+    """Point the driver's clock (driver, confirm) and its own-PSS reading at the simulation."""
+    patches: list[tuple[Any, str, Any]] = [
+        (loadertune.search.driver, "time", clock),
+        (loadertune.confirm, "time", clock),
+        (loadertune.search.driver, "tree_pss", lambda pid: own_pss),
+    ]
+    saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
+    try:
+        for mod, name, value in patches:
+            setattr(mod, name, value)
+        yield
+    finally:
+        for mod, name, value in saved:
+            setattr(mod, name, value)
+
+
+@dataclass
+class TraceLine:
+    clock: float
+    phase: str
+    config: Config
+    true_epoch: float
+    result: TrialResult
+
+
+class SimRunner:
+    """A :class:`loadertune.trial.TrialRunner` that answers from the model and moves the clock."""
+
+    user_error = UserCodeError
+
+    def __init__(self, w: Workload, mode: str, clock: FakeClock, rng: np.random.Generator) -> None:
+        self.w, self.mode, self.clock, self.rng = w, mode, clock, rng
+        self.in_process = mode == "inline"
+        self.uses_cuda = w.gpu if mode == "inline" else False  # a script's is learnt
+        self.epoch_samples = w.epoch_samples if mode == "inline" else None
+        self.bytes_per_sample: float | None = None
+        self.trace: list[TraceLine] = []
+
+    def close(self) -> None:
+        pass
+
+    def _noise(self, sigma: float) -> float:
+        return float(math.exp(self.rng.normal(0.0, sigma)))
+
+    def run(
+        self,
+        config: Config | None,
+        *,
+        window: WindowSpec,
+        limits: Limits,
+        phase: str = "search",
+        should_stop: ShouldStop | None = None,
+    ) -> TrialResult:
+        config = config or self.w.baseline
+        result, wall = self._trial(config, window, limits, phase, should_stop)
+        result.wall_s = wall
+        self.clock.sleep(wall)
+        if self.mode == "script":  # what the script child reports of its loader
+            result.extra["loader"] = {"settings": config.loader_kwargs()}
+            self.uses_cuda = self.w.gpu
+            self.epoch_samples = self.epoch_samples or self.w.epoch_samples
+        self.bytes_per_sample = self.w.sample_bytes
+        result.bytes_per_sample = self.bytes_per_sample
+        if failure_kind(self.w, config, self.mode):
+            true = 0.0
+        elif phase == "replay":  # the consumer's own rate
+            true = config.batch_size / step_wall(self.w, config.batch_size, False)
+        else:
+            true = epoch_rate(self.w, config)
+        self.trace.append(TraceLine(self.clock.now, phase, config, true, result))
+        return result
+
+    def _trial(
+        self,
+        c: Config,
+        window: WindowSpec,
+        limits: Limits,
+        phase: str,
+        should_stop: ShouldStop | None,
+    ) -> tuple[TrialResult, float]:
+        """The result and its wall time."""
+        w, bs, n = self.w, c.batch_size, c.num_workers
+        replay = phase == "replay"
+        result = TrialResult(c, phase=phase, epoch_samples=w.epoch_samples)
+        setup = w.process_start_s * self._noise(0.05) if self.mode == "script" else 0.05
+        teardown = 0.1 if self.mode == "script" else 0.02 + 0.005 * n
+        load_batch = bs * (w.cpu_s + w.io_s + w.collate_s)
+        first = load_batch if n == 0 else startup(w, n) + bs * float(worker_time(w, n))
+        first *= self._noise(0.1)
+        started = setup + first
+        if started > limits.startup_s:
+            why = Failure("timeout", f"no batch within {limits.startup_s:.0f} s", "hang")
+            return self._failed(result, why, limits.startup_s, limits, teardown)
+        kind = failure_kind(w, c, self.mode)
+        if kind is not None:  # workers allocate as they start; an OOM comes at the first step
+            at = started + step_wall(w, bs, c.pin_memory) if kind == "oom" else started
+            return self._failed(result, self._failure(kind, c), at, limits, teardown)
+        if replay:
+            rate = bs / step_wall(w, bs, False)
+        else:
+            rate = float(steady_rate(w, bs, n, c.prefetch_factor, c.pin_memory))
+        rate *= self._noise(w.noise_sigma) * (
+            OUTLIER_FACTOR if self.rng.random() < OUTLIER_P else 1.0
+        )
+        period = bs / rate  # seconds per batch in this trial
+        if period > limits.hang_s:
+            return self._failed(
+                result, failures.hang(limits.hang_s), started + limits.hang_s, limits, teardown
+            )
+        warmup = window.warmup_batches * period
+        subs, elapsed, batches, full = self._window(rate, period, window, should_stop, result)
+        measured = statistics.fmean(subs)
+        reentry = 0.0
+        if not replay and n and w.epoch_samples and (self.mode == "inline" or c.persistent_workers):
+            reentry = float(epoch_start(w, bs, n, c.persistent_workers)) * self._noise(0.1)
+        wall = started + warmup + elapsed + reentry + teardown
+        if wall > limits.timeout_s:
+            result.pruned = False
+            return self._failed(result, None, wall, limits, teardown)
+        step = step_wall(w, bs, c.pin_memory if not replay else False)
+        if replay:
+            blocked, cpu_fraction = 0.01, None
+        elif n == 0:
+            blocked = load_batch / (load_batch + step + pin_cpu(w, bs, c.pin_memory))
+            cpu_fraction = min(1.0, (w.cpu_s + w.collate_s) / (w.cpu_s + w.io_s + w.collate_s))
+            cpu_fraction *= self._noise(0.05)
+        else:
+            blocked, cpu_fraction = max(0.0, 1 - step * measured / bs), None
+        result.measurement = Measurement(
+            samples_per_s=measured,
+            sub_window_samples_per_s=subs,
+            blocked_fraction=min(1.0, blocked),
+            first_batch_s=first,
+            warmup_s=warmup,
+            window_s=elapsed,
+            n_samples=max(1, round(measured * elapsed)),
+            n_batches=max(1, round(batches)),
+            complete=full,
+            stopped_early=not full,
+            reentry_s=[reentry] if reentry else [],
+            blocked_cpu_fraction=None if cpu_fraction is None else min(1.0, cpu_fraction),
+            step_s_per_batch=step,
+        )
+        result.resources = self._resources(c, measured, replay)
+        if w.gpu:
+            result.cuda_peak_reserved_bytes = int(w.gpu_mem_fixed + w.gpu_mem_per_sample * bs)
+            result.cuda_capacity_bytes = int(w.gpu_capacity)
+            if replay:
+                per = w.sample_bytes * w.h2d_s_per_byte
+                result.transfer = {
+                    "pageable_samples_per_s": 1 / per,
+                    "pinned_samples_per_s": 1 / (per * w.pin_factor),
+                }
+        return result, wall
+
+    def _window(
+        self,
+        rate: float,
+        period: float,
+        window: WindowSpec,
+        should_stop: ShouldStop | None,
+        result: TrialResult,
+    ) -> tuple[list[float], float, float, bool]:
+        """Sub-window rates, seconds and batches of the window, and whether it ran its full
+        length; prunes like the meter does."""
+        sub_s = math.ceil(window.window_s / window.n_sub_windows / period) * period
+        subs: list[float] = []
+        elapsed = batches = 0.0
+        while True:
+            subs.append(rate * self._noise(self.w.sub_sigma))
+            elapsed += sub_s
+            batches += sub_s / period
+            full = elapsed >= window.window_s and batches >= window.min_window_batches
+            if should_stop is not None and should_stop(len(subs) - 1, statistics.fmean(subs)):
+                result.pruned = True  # the supervisor marks it even on the last sub-window
+                return subs, elapsed, batches, full
+            if full:
+                return subs, elapsed, batches, full
+
+    def _resources(self, c: Config, rate: float, replay: bool) -> ResourceUsage:
+        w, bs, n = self.w, c.batch_size, c.num_workers
+        if replay:
+            main = 100 * w.step_cpu_frac * (w.step_a + w.step_b * bs) / step_wall(w, bs, False)
+        else:
+            busy = recv(w, bs) if n else bs * (w.cpu_s + w.collate_s)
+            busy += w.step_cpu_frac * (w.step_a + w.step_b * bs) + pin_cpu(w, bs, c.pin_memory)
+            main = 100 * min(1.0, busy * rate / bs)
+        per_worker = w.worker_pss + (c.prefetch_factor or 0) * bs * w.sample_bytes
+        return ResourceUsage(
+            cpu_percent_main=main * self._noise(0.05),
+            cpu_percent_workers=None,
+            n_workers=n,
+            pss_bytes=int(tree_bytes(w, bs, n, c.prefetch_factor or 0)),
+            worker_pss_bytes=int(per_worker) if n else None,
+        )
+
+    @staticmethod
+    def _failed(
+        result: TrialResult, failure: Failure | None, at: float, limits: Limits, teardown: float
+    ) -> tuple[TrialResult, float]:
+        """``failure`` at ``at`` seconds into the trial, unless the trial's limit came first."""
+        if failure is None or at > limits.timeout_s:
+            text = f"the trial ran past its limit of {limits.timeout_s:.0f} s"
+            failure, at = Failure("timeout", text, "a slower setting or a hang"), limits.timeout_s
+        result.failure = failure
+        return result, at + teardown
+
+    def _failure(self, kind: str, c: Config) -> Failure:
+        if kind == "oom":
+            return failures.classify_text(
+                "torch.OutOfMemoryError: CUDA out of memory", where="step"
+            )
+        if kind == "shm_exhausted":
+            text = "DataLoader worker (pid 4242) is killed by signal: Bus error."
+            return failures.classify_text(text, where="loader", num_workers=c.num_workers)
+        used = tree_bytes(self.w, c.batch_size, c.num_workers, c.prefetch_factor or 0)
+        return failures.memory_budget(int(used), int(memory_budget(self.w, self.mode)))
+
+
+# ---------------------------------------------------------------------------------------------
+# One search, scored
+
+
+def hardware_for(w: Workload) -> Hardware:
+    return Hardware(
+        cpu_model="simulated",
+        usable_cpus=w.cpus,
+        logical_cpus=w.cpus,
+        physical_cores=w.cpus,
+        cpu_quota=None,
+        memory_total_bytes=int(w.ram_available + w.main_pss),
+        memory_available_bytes=int(w.ram_available),
+        memory_limit_bytes=None,
+        shm_total_bytes=int(w.shm_free),
+        shm_free_bytes=int(w.shm_free),
+        open_files_limit=65536,
+        gpus=(),
+        gpu_note="simulated",
+        driver_version=None,
+    )
+
+
+@dataclass
+class Score:
+    """One search on one workload in one mode."""
+
+    index: int
+    mode: str
+    ratio: float  # pick / true best (0 when the search raised)
+    ratio_space: float  # pick / best in the space the driver built
+    n_trials: int
+    sim_s: float
+    elapsed_s: float
+    stop_reason: str
+    pick: Config | None
+    true_best: Config
+    true_value: float
+    space_best: Config | None
+    max_workers: int | None
+    n_search: int = 0  # settings the exploration ran (seeds and Optuna's)
+    confirmed: int = 0  # settings the confirmation re-measured (baseline included)
+    real_s: float = 0.0  # real seconds the search took (the driver and Optuna)
+    ratio_ran: float = 0.0  # best true value among the settings the search ran / true best
+    cause: str = ""  # why the pick is below 0.95 of the true best (see :func:`cause_of`)
+    tags: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+def _bs_best(w: Workload, mode: str, bs: int) -> float:
+    return grid_best(w, dataclasses.replace(true_grid(w), batch_sizes=(bs,)), mode)[0]
+
+
+def tags_for(w: Workload, mode: str, best: Config, value: float) -> list[str]:
+    """Category tags from the truth (what kind of workload this is)."""
+    tags = ["gpu step" if w.gpu else "cpu step", f"{w.cpus} cpu" + ("s" if w.cpus > 1 else "")]
+    share = w.io_s / (w.io_s + w.cpu_s + w.collate_s)
+    tags.append("io_bound" if share >= 0.5 else "cpu_bound loading")
+    if best.num_workers > 8 * w.cpus:
+        tags.append("optimum above 8xCPUs")
+    elif best.num_workers > w.cpus + 1:
+        tags.append("optimum above CPUs+1")
+    if best.num_workers == 0:
+        tags.append("optimum at w=0")
+    if len(w.offered) == 1:
+        tags.append("single batch size")
+    else:
+        if _bs_best(w, mode, w.baseline.batch_size) < 0.8 * value:
+            tags.append("batch-size dominates")
+        if best.batch_size == min(w.offered):
+            tags.append("optimum at smallest batch")
+        elif best.batch_size == max(w.offered):
+            tags.append("optimum at largest batch")
+    base = 0.0 if failure_kind(w, w.baseline, mode) else epoch_rate(w, w.baseline)
+    if base >= 0.9 * value:
+        tags.append("flat (baseline within 10%)")
+    if w.noise_sigma >= 0.2:
+        tags.append("high noise")
+    unlimited = grid_best(w, true_grid(w), mode, feasible_only=False)[0]
+    if unlimited > 1.05 * value:
+        tags.append("memory-limited")
+    if w.epoch_samples and best.num_workers:
+        steady = float(
+            steady_rate(w, best.batch_size, best.num_workers, best.prefetch_factor, best.pin_memory)
+        )
+        if value < 0.8 * steady:
+            tags.append("epoch start-up matters")
+    if best.num_workers:
+        stages = stage_rates(
+            w, best.batch_size, best.num_workers, best.prefetch_factor or 2, best.pin_memory
+        )
+        tags.append(f"limited by {min(stages, key=lambda k: float(stages[k]))}")
+    return tags
+
+
+def run_one(
+    w: Workload, mode: str, *, seed: int, budget_s: float, trace: list[TraceLine] | None = None
+) -> tuple[Score, SearchOutcome | None]:
+    clock = FakeClock()
+    runner = SimRunner(w, mode, clock, np.random.default_rng([seed, w.index, MODES.index(mode)]))
+    settings = SearchSettings(
+        budget_s=budget_s,
+        storage=optuna.storages.InMemoryStorage(),  # type: ignore[arg-type]
+        study_name="sim",
+        seed=(seed * 1_000_003 + w.index) % 2**31,
+    )
+    search = Search(
+        runner,
+        hardware=hardware_for(w),
+        baseline=w.baseline if mode == "inline" else None,
+        batch_sizes=w.batch_sizes,
+        settings=settings,
+    )
+    t0, real0 = clock.now, time.perf_counter()
+    outcome: SearchOutcome | None = None
+    error = None
+    with simulated_time(clock, own_pss=int(w.main_pss)):
+        try:
+            outcome = search.run()
+        except LoadertuneError as exc:
+            error = f"{type(exc).__name__}: {exc}"
+    real_s = time.perf_counter() - real0
+    if trace is not None:
+        trace.extend(runner.trace)
+    value, best = grid_best(w, true_grid(w), mode)
+    score = Score(
+        index=w.index,
+        mode=mode,
+        ratio=0.0,
+        ratio_space=0.0,
+        n_trials=len(runner.trace),
+        sim_s=clock.now - t0,
+        elapsed_s=outcome.elapsed_s if outcome else clock.now - t0,
+        stop_reason=outcome.stop_reason if outcome else "error",
+        pick=outcome.winner if outcome else None,
+        true_best=best,
+        true_value=value,
+        space_best=None,
+        max_workers=outcome.space.max_workers if outcome else None,
+        n_search=sum(t.phase == "search" for t in runner.trace),
+        confirmed=len(outcome.confirmation.values) if outcome and outcome.confirmation else 0,
+        real_s=real_s,
+        tags=tags_for(w, mode, best, value),
+        error=error,
+    )
+    if outcome is not None:
+        pick = 0.0 if failure_kind(w, outcome.winner, mode) else epoch_rate(w, outcome.winner)
+        in_space, score.space_best = grid_best(w, space_grid(outcome), mode)
+        score.ratio = pick / value
+        score.ratio_space = pick / in_space if in_space else 0.0
+        if score.max_workers is not None and best.num_workers > score.max_workers:
+            score.tags.append("optimum above the driver's cap")
+        ran = [t.true_epoch for t in runner.trace if t.result.ok and t.phase != "replay"]
+        score.ratio_ran = max(ran, default=0.0) / value
+        score.cause = cause_of(score, outcome, in_space / value, runner.trace)
+    else:
+        score.cause = "search raised"
+    return score, outcome
+
+
+def cause_of(
+    score: Score, outcome: SearchOutcome, space_ratio: float, trace: list[TraceLine]
+) -> str:
+    """Where a pick below 0.95 of the true best went wrong ("" when it did not)."""
+    if score.ratio >= 0.95:
+        return ""
+    if score.ratio_ran >= 0.95:  # a good setting ran: the choice lost it
+        good = {t.config for t in trace if t.result.ok and t.true_epoch >= 0.95 * score.true_value}
+        confirmed = set(outcome.confirmation.values) if outcome.confirmation else set()
+        if good & confirmed:
+            return "ran a good setting; confirmed, lost"
+        return "ran a good setting; not a finalist"
+    if score.ratio_space >= 0.95:  # a fine pick within the space: the space left the optimum out
+        return "good within the space; the optimum is outside it"
+    outside = " [optimum outside the space too]" if space_ratio < 0.95 else ""
+    if score.n_search == 0:
+        return f"explored nothing (stop: {score.stop_reason}){outside}"
+    return f"explored, never ran a good setting (stop: {score.stop_reason}){outside}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+
+
+def _dist(values: Sequence[float]) -> str:
+    a = np.asarray(values)
+    return (
+        f"median {np.median(a):.3f}  p5 {np.percentile(a, 5):.3f}  worst {a.min():.3f}  "
+        f"<0.95: {np.mean(a < 0.95):5.1%}  <0.90: {np.mean(a < 0.90):5.1%}"
+    )
+
+
+def _short(w: Workload) -> str:
+    epoch = f"{w.epoch_samples}" if w.epoch_samples else "?"
+    return (
+        f"P={w.cpus} c={w.cpu_s * 1e3:.3g}ms io={w.io_s * 1e3:.3g}ms S={w.sample_bytes:.3g}B "
+        f"cc={w.collate_s * 1e3:.3g}ms step={w.step_a * 1e3:.3g}ms+{w.step_b * 1e3:.3g}ms*B "
+        f"f={w.step_cpu_frac:.2f} r0={w.recv_fixed_s * 1e3:.2g}ms s0={w.startup_s:.2g}s "
+        f"N={epoch} q={w.io_parallel:.0f} sigma={w.noise_sigma:.2f} bs={list(w.offered)} "
+        f"base={w.baseline.label()}"
+    )
+
+
+def _table(p: Callable[..., None], title: str, groups: dict[str, list[float]]) -> None:
+    p(f"\n{title:36} {'n':>4} {'median':>7} {'p5':>7} {'worst':>7} {'<0.95':>6}")
+    for name, vals in sorted(groups.items(), key=lambda kv: float(np.percentile(kv[1], 5))):
+        a = np.asarray(vals)
+        p(
+            f"{name:36} {len(a):4d} {np.median(a):7.3f} {np.percentile(a, 5):7.3f} {a.min():7.3f} "
+            f"{np.mean(a < 0.95):6.0%}"
+        )
+
+
+def _bucket(n: int) -> str:
+    return next(f"explored {name}" for top, name in ((0, "0"), (2, "1-2"), (5, "3-5"),
+                (10, "6-10"), (10**9, ">10")) if n <= top)  # fmt: skip
+
+
+def report(
+    scores: list[Score], workloads: dict[int, Workload], mode: str, budget_s: float, out: Any
+) -> None:
+    p = lambda *a: print(*a, file=out)  # noqa: E731
+    ratios = [s.ratio for s in scores]
+    p(f"\n=== mode {mode}: {len(scores)} workloads (a search that raised counts as 0) ===")
+    p(f"pick / true best      {_dist(ratios)}")
+    p(f"pick / best in space  {_dist([s.ratio_space for s in scores])}")
+    ok = [s.ratio for s in scores if not s.error]
+    if len(ok) < len(scores):
+        p(f"  (without raised)    {_dist(ok)}")
+    trials = [s.n_trials for s in scores]
+    explored = [s.n_search for s in scores]
+    sims = [s.sim_s for s in scores]
+    over = [s.sim_s - budget_s for s in scores]
+    p(
+        f"trials per search     median {statistics.median(trials):.0f}  max {max(trials)}   "
+        f"explored: median {statistics.median(explored):.0f}  max {max(explored)}   "
+        f"zero explored: {sum(e == 0 for e in explored)}"
+    )
+    p(
+        f"simulated s           median {statistics.median(sims):.1f}  max {max(sims):.1f}   "
+        f"over budget: {sum(o > 0 for o in over)} searches, at most {max(0.0, max(over)):.1f} s"
+    )
+    real = [s.real_s for s in scores]
+    p(f"real s per search     median {statistics.median(real):.3f}  max {max(real):.3f}")
+    p(f"stop reasons          {dict(Counter(s.stop_reason for s in scores).most_common())}")
+    by_tag: dict[str, list[float]] = defaultdict(list)
+    by_stop: dict[str, list[float]] = defaultdict(list)
+    by_explored: dict[str, list[float]] = defaultdict(list)
+    for s in scores:
+        for tag in s.tags:
+            by_tag[tag].append(s.ratio)
+        by_stop[s.stop_reason].append(s.ratio)
+        by_explored[_bucket(s.n_search)].append(s.ratio)
+    _table(p, "category (pick / true best)", by_tag)
+    _table(p, "stop reason", by_stop)
+    _table(p, "settings explored", by_explored)
+    causes = Counter(s.cause for s in scores if s.ratio < 0.95)
+    p(f"\nwhy a pick is below 0.95 of the true best ({sum(causes.values())} searches):")
+    for cause, count in causes.most_common():
+        worst = min(s.ratio for s in scores if s.ratio < 0.95 and s.cause == cause)
+        p(f"  {cause:80} {count:4d}  worst {worst:.3f}")
+    raised = [s for s in scores if s.error]
+    if raised:
+        p(f"\nsearches that raised ({len(raised)}; the first 10):")
+        for s in raised[:10]:
+            p(f"  #{s.index:<4} {(s.error or '')[:110]}\n        {_short(workloads[s.index])}")
+    p("\nworst 10 that returned (ratio, in-space ratio, stop reason, cause, pick vs true best):")
+    for s in sorted((s for s in scores if not s.error), key=lambda s: s.ratio)[:10]:
+        pick = s.pick.label() if s.pick else "-"
+        p(
+            f"  #{s.index:<4} {s.ratio:.3f} {s.ratio_space:.3f} {s.stop_reason:16} "
+            f"cap={s.max_workers} trials={s.n_trials} explored={s.n_search}  {s.cause}\n"
+            f"        pick [{pick}]  true best [{s.true_best.label()}]  "
+            f"in space [{s.space_best.label() if s.space_best else '-'}]\n"
+            f"        {', '.join(s.tags)}\n        {_short(workloads[s.index])}"
+        )
+
+
+def print_trace(
+    w: Workload, mode: str, score: Score, outcome: SearchOutcome | None, trace: list[TraceLine]
+) -> None:
+    print(f"workload #{w.index} ({mode}): {_short(w)}")
+    print(f"tags: {', '.join(score.tags)}")
+    print(
+        f"{'clock':>7} {'phase':9} {'setting':34} {'true':>9} {'measured':>9} {'epoch':>9} "
+        f"{'wall':>6}  status"
+    )
+    for t in trace:
+        r = t.result
+        print(
+            f"{t.clock - 1000:7.1f} {t.phase:9} {t.config.label():34} {t.true_epoch:9.1f} "
+            f"{r.samples_per_s or 0:9.1f} {r.epoch_samples_per_s or 0:9.1f} {r.wall_s:6.2f}  "
+            f"{r.status}{' ' + r.error if r.error else ''}"
+        )
+    if outcome is not None:
+        if outcome.estimates:
+            e = outcome.estimates
+            print(
+                f"estimates: achievable {e.achievable:.1f} ({e.limiting_stage}), "
+                f"io_bound {e.io_bound}, workers_needed {e.workers_needed()}, "
+                f"consumer {e.consumer_ceiling:.1f}, "
+                f"loader {e.loader_ceiling:.1f}, cpu {e.cpu_ceiling:.1f}"
+            )
+        print(
+            f"space: bs {outcome.space.batch_sizes}, max_workers {outcome.space.max_workers} "
+            f"{outcome.space.limits}"
+        )
+        if outcome.confirmation:
+            for c, vals in outcome.confirmation.values.items():
+                print(
+                    f"confirm {c.label():34} rounds {[round(v, 1) for v in vals]}  "
+                    f"true {epoch_rate(w, c):.1f}"
+                )
+    print(
+        f"stop {score.stop_reason}; pick {score.pick.label() if score.pick else '-'} "
+        f"ratio {score.ratio:.3f} (in space {score.ratio_space:.3f}); true best "
+        f"{score.true_best.label()} = {score.true_value:.1f}; in space "
+        f"{score.space_best.label() if score.space_best else '-'}; simulated {score.sim_s:.1f} s"
+        + (f"; error {score.error}" if score.error else "")
+    )
+
+
+def simulate(
+    n: int,
+    seed: int,
+    modes: Sequence[str],
+    budget_s: float,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[dict[int, Workload], dict[str, list[Score]]]:
+    workloads = {i: draw_workload(seed, i) for i in range(n)}
+    scores: dict[str, list[Score]] = {m: [] for m in modes}
+    for mode in modes:
+        t0 = time.perf_counter()
+        for w in workloads.values():
+            scores[mode].append(run_one(w, mode, seed=seed, budget_s=budget_s)[0])
+        if progress:
+            progress(f"mode {mode}: {n} searches in {time.perf_counter() - t0:.1f} s of real time")
+    return workloads, scores
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=300, help="workloads to draw")
+    ap.add_argument("--seed", type=int, default=None, help="default: random (printed)")
+    ap.add_argument("--mode", choices=[*MODES, "both"], default="both")
+    ap.add_argument("--budget", type=float, default=60.0, help="simulated seconds per search")
+    ap.add_argument("--workload-json", help="write the drawn workloads to this file")
+    ap.add_argument("--one", type=int, help="trace the search of workload INDEX, trial by trial")
+    args = ap.parse_args(argv)
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(3), "big")
+    modes = list(MODES) if args.mode == "both" else [args.mode]
+    print(f"seed {seed}, budget {args.budget:g} s (simulated), modes {', '.join(modes)}")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if args.one is not None:
+        w = draw_workload(seed, args.one)
+        for mode in modes:
+            trace: list[TraceLine] = []
+            score, outcome = run_one(w, mode, seed=seed, budget_s=args.budget, trace=trace)
+            print_trace(w, mode, score, outcome, trace)
+        return 0
+    workloads, scores = simulate(
+        args.n, seed, modes, args.budget, progress=lambda m: print(m, file=sys.stderr)
+    )
+    if args.workload_json:
+        with open(args.workload_json, "w") as fh:
+            json.dump([w.to_dict() for w in workloads.values()], fh, indent=1)
+    for mode in modes:
+        report(scores[mode], workloads, mode, args.budget, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

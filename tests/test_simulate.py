@@ -1,0 +1,107 @@
+"""scripts/simulate.py: the real search driver on simulated workloads, in simulated time."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import loadertune.confirm
+import loadertune.search.driver
+from loadertune.meter import WindowSpec
+from loadertune.space import Config
+from loadertune.trial import Limits
+
+BUDGET = 30.0
+# A trial's limit reaches 1 s past the deadline, plus teardown (up to ~1.3 s for 256 workers).
+OVERSHOOT = 2.5
+# A search that raises ran its probe past the deadline: each probe trial gets a limit of >= 2 s.
+OVERSHOOT_RAISED = OVERSHOOT + 3 * 2.1
+
+
+@pytest.fixture(scope="module")
+def sim():
+    path = Path(__file__).resolve().parents[1] / "scripts" / "simulate.py"
+    spec = importlib.util.spec_from_file_location("simulate", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["simulate"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("mode", ["inline", "script"])
+def test_searches_on_simulated_workloads_are_sane(sim, mode: str) -> None:
+    seed = 20240611
+    returned = 0
+    for index in range(5):
+        w = sim.draw_workload(seed, index)
+        t0 = time.perf_counter()
+        score, outcome = sim.run_one(w, mode, seed=seed, budget_s=BUDGET)
+        assert time.perf_counter() - t0 < 10  # simulated time: no trial really runs
+        assert loadertune.search.driver.time is time  # the hooks are put back
+        assert loadertune.confirm.time is time
+        if outcome is None:
+            assert score.error and score.ratio == 0.0
+            assert 0 < score.sim_s <= BUDGET + OVERSHOOT_RAISED
+            continue
+        assert 0 < score.sim_s <= BUDGET + OVERSHOOT
+        returned += 1
+        assert score.elapsed_s == pytest.approx(score.sim_s)  # the driver read the fake clock
+        pick = outcome.winner
+        assert pick.batch_size in w.offered
+        assert outcome.space.rejects(pick) is None or pick == outcome.baseline
+        assert sim.failure_kind(w, pick, mode) is None  # a setting that would fail never wins
+        assert 0 < score.ratio <= 1.05
+        assert score.ratio <= score.ratio_space + 1e-9  # the space is a part of the true grid
+        assert score.ratio_space <= 1.05
+        assert score.true_value >= sim.epoch_rate(w, w.baseline) * (1 - 1e-9)
+    assert returned >= 3
+
+
+def test_a_noiseless_trial_measures_the_model(sim) -> None:
+    w = sim.draw_workload(3, 0)
+    w = sim.dataclasses.replace(w, noise_sigma=0.0, sub_sigma=0.0, epoch_samples=None)
+    clock = sim.FakeClock()
+    runner = sim.SimRunner(w, "inline", clock, np.random.default_rng(0))
+    runner.rng = np.random.default_rng(1)
+    sim.OUTLIER_P, saved = 0.0, sim.OUTLIER_P
+    try:
+        for config in (Config(w.baseline.batch_size), Config(w.baseline.batch_size, 3, 2)):
+            if sim.failure_kind(w, config, "inline"):
+                continue
+            before = clock.now
+            result = runner.run(
+                config,
+                window=WindowSpec(warmup_batches=3, window_s=1.0),
+                limits=Limits(timeout_s=1e6, startup_s=1e6, hang_s=1e6),
+            )
+            assert result.ok
+            assert result.samples_per_s == pytest.approx(sim.epoch_rate(w, config))
+            assert clock.now - before == pytest.approx(result.wall_s)
+            assert result.wall_s >= 1.0  # at least the window
+    finally:
+        sim.OUTLIER_P = saved
+
+
+def test_the_true_best_beats_every_setting_of_its_grid(sim) -> None:
+    rng = np.random.default_rng(5)
+    for index in range(5):
+        w = sim.draw_workload(11, index)
+        best, config = sim.grid_best(w, sim.true_grid(w), "inline")
+        assert sim.epoch_rate(w, config) == pytest.approx(best)
+        for _ in range(50):
+            n = int(rng.integers(0, 257))
+            c = Config(
+                int(rng.choice(w.offered)),
+                n,
+                int(rng.choice([1, 2, 4, 8])) if n else None,
+                bool(w.gpu and rng.random() < 0.5),
+                bool(n and w.epoch_samples and rng.random() < 0.5),
+            )
+            if sim.failure_kind(w, c, "inline") is None:
+                assert sim.epoch_rate(w, c) <= best * (1 + 1e-9)
