@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from loadertune.trials.channel import Channel
+from loadertune.trials.messages import STOP, EndedMsg, EventMsg, FailureMsg
 
 
 @pytest.fixture
@@ -44,6 +45,22 @@ def test_send_and_recv_both_ways(ends: tuple[Channel, Channel, socket.socket]) -
     assert other.send(msg) is True
     assert ours.recv(timeout=5) == msg
     assert ours.send({"t": "stop"}) is True
+    assert other.recv(timeout=5) == {"t": "stop"}
+
+
+def test_typed_messages_travel_as_plain_dicts(
+    ends: tuple[Channel, Channel, socket.socket],
+) -> None:
+    ours, other, _ = ends
+    sent = [
+        EventMsg(t="event", name="window_start", bus_id=None),
+        FailureMsg(t="failure", where="loader", num_workers=2, text="x", traceback="tb"),
+        EndedMsg(t="ended", how="the script ended", iterated=True),
+    ]
+    for msg in sent:
+        other.send(msg)
+    assert ours.drain() == sent
+    ours.send(STOP)
     assert other.recv(timeout=5) == {"t": "stop"}
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import get_args, get_type_hints
 
 import pytest
 
@@ -11,6 +12,7 @@ from loadertune.config import Config
 from loadertune.errors import ConfigError
 from loadertune.measure.resources import tree_pss
 from loadertune.trials import Limits, window_for
+from loadertune.trials.messages import Message
 from loadertune.trials.script import ScriptRunner, check_script, kill_group
 from loadertune.units import MIB
 
@@ -89,6 +91,15 @@ def test_a_clearly_worse_trial_is_pruned_mid_window() -> None:
     result = run("style_alias.py", Config(16), window_s=2.0, should_stop=lambda i, rate: i >= 0)
     assert result.pruned and result.measurement is not None
     assert result.measurement.window_s < 1.5
+
+
+def test_every_message_the_trial_process_sends_has_a_handler() -> None:
+    kinds = {get_args(get_type_hints(msg)["t"])[0] for msg in get_args(Message)}
+    runner = ScriptRunner(SCRIPTS / "short.py")
+    try:
+        assert set(runner._handlers) == kinds - {"stop"}  # "stop" goes the other way
+    finally:
+        runner.close()
 
 
 @pytest.mark.parametrize("loader", [0, -1, "train.py", "train.py:x"])

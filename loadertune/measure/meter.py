@@ -102,6 +102,11 @@ class Measurement:
         data["low_confidence"] = self.low_confidence
         return data
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Measurement:
+        """The measurement :meth:`to_dict` wrote (its derived figures are left out)."""
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
 
 # ---------------------------------------------------------------------------------------------
 # Counting samples

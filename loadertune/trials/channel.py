@@ -2,7 +2,8 @@
 
 JSON rather than pickle: the trial process runs the user's code, and nothing it sends should be
 able to run code in the search. The child never blocks on the parent: it sends, and polls for
-the parent's rare replies (``{"t": "stop"}`` when a trial is pruned).
+the parent's rare replies (``{"t": "stop"}`` when a trial is pruned). What script trials send is
+in :mod:`loadertune.trials.messages`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import select
 import socket
 import time
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -33,7 +35,7 @@ class Channel:
     def from_fd(cls, fd: int) -> Channel:
         return cls(socket.socket(fileno=fd))
 
-    def send(self, msg: dict[str, Any]) -> bool:
+    def send(self, msg: Mapping[str, Any]) -> bool:
         """Send ``msg``; False if the other end is gone."""
         data = (json.dumps(msg, default=str, allow_nan=True) + "\n").encode()
         try:

@@ -22,7 +22,6 @@ import runpy
 import signal
 import sys
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -34,6 +33,14 @@ from loadertune.measure.meter import Measurement, Meter
 from loadertune.trials import _torch_internals as _internals
 from loadertune.trials import loader as dl
 from loadertune.trials.channel import Channel
+from loadertune.trials.messages import (
+    EndedMsg,
+    EventMsg,
+    FailureMsg,
+    LoaderMsg,
+    ProgressMsg,
+    ResultMsg,
+)
 from loadertune.trials.patch import LoaderRecord, matches_site, patched
 from loadertune.trials.runner import window_for
 
@@ -48,13 +55,11 @@ class ChannelSink:
         self.stop = False
 
     def event(self, name: str) -> None:
-        msg: dict[str, Any] = {"t": "event", "name": name}
-        if name == "window_start":
-            msg["bus_id"] = dl.cuda_bus_id()
-        self._chan.send(msg)
+        bus_id = dl.cuda_bus_id() if name == "window_start" else None
+        self._chan.send(EventMsg(t="event", name=name, bus_id=bus_id))
 
     def progress(self, index: int, samples_per_s: float) -> bool:
-        self._chan.send({"t": "progress", "i": index, "rate": samples_per_s})
+        self._chan.send(ProgressMsg(t="progress", i=index, rate=samples_per_s))
         self.stop = self.stop or any(m.get("t") == "stop" for m in self._chan.drain())
         return not self.stop
 
@@ -146,18 +151,19 @@ class TrialController:
         settings = dl.settings_of(loader)
         import torch
 
+        dataset = type(loader.dataset)
         self.chan.send(
-            {
-                "t": "loader",
-                "index": record.index,
-                "call_site": record.call_site,
-                "settings": settings.loader_kwargs(),
-                "epoch_samples": dl.epoch_samples(loader),
-                "dataset": f"{type(loader.dataset).__module__}.{type(loader.dataset).__qualname__}",
-                "batch_sampler": loader.batch_size is None,
-                "cuda_available": torch.cuda.is_available(),
-                "warnings": self._sharding_warnings(loader),
-            }
+            LoaderMsg(
+                t="loader",
+                index=record.index,
+                call_site=record.call_site,
+                settings=settings.loader_kwargs(),
+                epoch_samples=dl.epoch_samples(loader),
+                dataset=f"{dataset.__module__}.{dataset.__qualname__}",
+                batch_sampler=loader.batch_size is None,
+                cuda_available=torch.cuda.is_available(),
+                warnings=self._sharding_warnings(loader),
+            )
         )
         self.meter = Meter(
             window_for(settings, window_s=self.spec["window_s"]),
@@ -200,17 +206,17 @@ class TrialController:
     def _report(self, m: Measurement, *, complete: bool) -> None:
         peak_alloc, peak_reserved = dl.cuda_peaks()
         self.chan.send(
-            {
-                "t": "result",
-                "measurement": m.to_dict(),
-                "complete": complete,
-                "cuda_peak_allocated": peak_alloc,
-                "cuda_peak_reserved": peak_reserved,
-                "cuda_device": dl.cuda_bus_id(),
-                "cuda_capacity": dl.cuda_capacity(),
-                "bytes_per_sample": self.bytes_per_sample,
-                "transfer": self.transfer,
-            }
+            ResultMsg(
+                t="result",
+                measurement=m.to_dict(),
+                complete=complete,
+                cuda_peak_allocated=peak_alloc,
+                cuda_peak_reserved=peak_reserved,
+                cuda_device=dl.cuda_bus_id(),
+                cuda_capacity=dl.cuda_capacity(),
+                bytes_per_sample=self.bytes_per_sample,
+                transfer=self.transfer,
+            )
         )
 
     def script_ended(self, how: str) -> None:
@@ -218,7 +224,7 @@ class TrialController:
         partial = self.meter.finish_now() if self.meter is not None else None
         if partial is not None:
             self._report(partial, complete=False)
-        self.chan.send({"t": "ended", "how": how, "iterated": self.target is not None})
+        self.chan.send(EndedMsg(t="ended", how=how, iterated=self.target is not None))
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -237,13 +243,13 @@ def _report_failure(controller: TrialController, chan: Channel, exc: BaseExcepti
     meter = controller.meter
     signals = _internals.dead_worker_signals(meter.iterator) if meter is not None else ()
     chan.send(
-        {
-            "t": "failure",
-            "where": "loader" if meter is not None and meter.failed_in_next else "script",
-            "num_workers": controller.loader.num_workers if controller.loader else 0,
-            "text": "\n".join([*map(failures.signal_text, signals), failures.chain_text(exc)]),
-            "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
-        }
+        FailureMsg(
+            t="failure",
+            where="loader" if meter is not None and meter.failed_in_next else "script",
+            num_workers=controller.loader.num_workers if controller.loader else 0,
+            text="\n".join([*map(failures.signal_text, signals), failures.chain_text(exc)]),
+            traceback=failures.format_exception(exc),
+        )
     )
 
 

@@ -19,6 +19,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,15 @@ from loadertune.measure.failures import Failure, FailureKind
 from loadertune.measure.meter import Measurement, WindowSpec
 from loadertune.trials.channel import Channel
 from loadertune.trials.child import SPEC_ENV
+from loadertune.trials.messages import (
+    STOP,
+    EndedMsg,
+    EventMsg,
+    FailureMsg,
+    LoaderMsg,
+    ProgressMsg,
+    ResultMsg,
+)
 from loadertune.trials.runner import Limits, ShouldStop, TrialResult
 from loadertune.trials.supervisor import Supervisor
 
@@ -92,6 +103,17 @@ def _tail(path: Path) -> str:
         return ""
 
 
+@dataclass
+class _Trial:
+    """One running trial: its process, its channel, its supervisor, its result and its log."""
+
+    proc: subprocess.Popen[bytes]
+    chan: Channel
+    sup: Supervisor
+    result: TrialResult
+    log: Path
+
+
 class ScriptRunner:
     """Trials of ``python SCRIPT ARGS``; see the module docstring.
 
@@ -133,6 +155,14 @@ class ScriptRunner:
         self.bytes_per_sample: float | None = None
         self.loader_info: dict[str, Any] | None = None
         self._logdir = tempfile.TemporaryDirectory(prefix="loadertune-")
+        self._handlers: dict[str, Callable[[Any, _Trial], bool]] = {
+            "event": self._on_event,
+            "progress": self._on_progress,
+            "loader": self._on_loader,
+            "result": self._on_result,
+            "failure": self._on_failure,
+            "ended": self._on_ended,
+        }
 
     def run(
         self,
@@ -177,7 +207,7 @@ class ScriptRunner:
         sup = Supervisor(proc.pid, limits=limits, should_stop=should_stop)
         try:
             with sup:
-                self._supervise(proc, chan, sup, result, limits, log)
+                self._supervise(_Trial(proc, chan, sup, result, log))
         finally:
             chan.close()
             result.orphans_killed = kill_group(proc.pid)
@@ -189,122 +219,114 @@ class ScriptRunner:
         result.bytes_per_sample = self.bytes_per_sample
         return result
 
-    def _supervise(
-        self,
-        proc: subprocess.Popen[bytes],
-        chan: Channel,
-        sup: Supervisor,
-        result: TrialResult,
-        limits: Limits,
-        log: Path,
-    ) -> None:
+    def _supervise(self, trial: _Trial) -> None:
         while True:
-            msg = chan.recv(timeout=0.1)
+            msg = trial.chan.recv(timeout=0.1)
             if msg is not None:
-                if self._handle(msg, sup, chan, result, log):
+                if self._handle(msg, trial):
                     return
                 continue
-            if proc.poll() is not None:  # not only on EOF: orphaned workers hold the socket open
-                for late in chan.drain():
-                    if self._handle(late, sup, chan, result, log):
+            if trial.proc.poll() is not None:  # not only on EOF: orphans hold the socket open
+                for late in trial.chan.drain():
+                    if self._handle(late, trial):
                         return
-                result.failure = failures.classify_exit(proc.returncode, output=_tail(log))
+                trial.result.failure = failures.classify_exit(
+                    trial.proc.returncode, output=_tail(trial.log)
+                )
                 return
-            expired = sup.expired()
+            expired = trial.sup.expired()
             if expired is not None:
                 if (
-                    not sup.started
-                    and result.extra.get("loader") is None
+                    not trial.sup.started
+                    and trial.result.extra.get("loader") is None
                     and expired.kind == FailureKind.TIMEOUT
                 ):
                     expired = Failure(
                         FailureKind.NO_LOADER,
-                        f"the script did not iterate a DataLoader within {limits.startup_s:.0f} s",
+                        "the script did not iterate a DataLoader within "
+                        f"{trial.sup.limits.startup_s:.0f} s",
                         "if it is slow to start, give a "
                         "larger --budget; check that it iterates a DataLoader at all",
                         user_bug=True,
-                        detail=_tail(log),
+                        detail=_tail(trial.log),
                     )
-                result.failure = expired
+                trial.result.failure = expired
                 return
 
-    def _handle(
-        self, msg: dict[str, Any], sup: Supervisor, chan: Channel, result: TrialResult, log: Path
-    ) -> bool:
-        """Act on one message; True when the trial is over."""
-        kind = msg.get("t")
-        if kind == "event":
-            sup.event(msg["name"])
-            if msg["name"] == "window_start" and msg.get("bus_id"):
-                sup.sampler.gpu_index = nvml.index_for_bus_id(msg["bus_id"])
-        elif kind == "progress":
-            if not sup.progress(int(msg["i"]), float(msg["rate"])):
-                chan.send({"t": "stop"})
-        elif kind == "loader":
-            result.extra["loader"] = msg
-            self._learn_loader(msg, result)
-        elif kind == "result":
-            result.measurement = Measurement(
-                **{
-                    k: v
-                    for k, v in msg["measurement"].items()
-                    if k in Measurement.__dataclass_fields__
-                }
-            )
-            result.resources = sup.window_ended()
-            result.pruned = sup.pruned
-            result.cuda_peak_allocated_bytes = msg.get("cuda_peak_allocated")
-            result.cuda_peak_reserved_bytes = msg.get("cuda_peak_reserved")
-            result.cuda_device = msg.get("cuda_device")
-            result.cuda_capacity_bytes = msg.get("cuda_capacity")
-            result.transfer = msg.get("transfer")
-            self.bytes_per_sample = msg.get("bytes_per_sample") or self.bytes_per_sample
-            return msg.get("complete", True)  # a partial result is followed by "ended"
-        elif kind == "failure":
-            detail = f"{msg['traceback']}\n--- script output (tail) ---\n{_tail(log)}"
-            failure = failures.classify_text(
-                msg["text"],
-                where=msg["where"],
-                detail=detail,
-                num_workers=msg.get("num_workers", 0),
-            )
-            if failure.kind == FailureKind.SCRIPT_ERROR:
-                failure = Failure(
-                    FailureKind.SCRIPT_ERROR,
-                    f"the script raised {msg['text'][:200]}",
-                    "fix the script; its traceback is below",
-                    user_bug=True,
-                    detail=detail,
-                )
-            result.failure = failure
-            return True
-        elif kind == "ended":
-            if result.measurement is None:
-                what = (
-                    "before its first batch"
-                    if msg.get("iterated")
-                    else "without iterating the DataLoader"
-                )
-                result.failure = Failure(
-                    FailureKind.SCRIPT_ENDED,
-                    f"{msg['how']} {what}",
-                    "check the script's arguments (too few epochs or batches?) "
-                    "and which loader is tuned (--loader)",
-                    user_bug=not msg.get("iterated"),
-                    detail=_tail(log),
-                )
-            return True
+    # -- the trial process's messages (see loadertune.trials.messages) ---------------------------
+
+    def _handle(self, msg: dict[str, Any], trial: _Trial) -> bool:
+        """Act on one message; True when the trial is over. Unknown kinds are ignored."""
+        handler = self._handlers.get(msg.get("t", ""))
+        return handler(msg, trial) if handler is not None else False
+
+    def _on_event(self, msg: EventMsg, trial: _Trial) -> bool:
+        trial.sup.event(msg["name"])
+        if msg["name"] == "window_start" and msg["bus_id"]:
+            trial.sup.sampler.gpu_index = nvml.index_for_bus_id(msg["bus_id"])
         return False
 
-    def _learn_loader(self, msg: dict[str, Any], result: TrialResult) -> None:
+    def _on_progress(self, msg: ProgressMsg, trial: _Trial) -> bool:
+        if not trial.sup.progress(int(msg["i"]), float(msg["rate"])):
+            trial.chan.send(STOP)
+        return False
+
+    def _on_loader(self, msg: LoaderMsg, trial: _Trial) -> bool:
+        result = trial.result
+        result.extra["loader"] = msg
         if self.loader_info is None:
-            self.loader_info = msg
-            self.uses_cuda = bool(msg.get("cuda_available"))
+            self.loader_info = dict(msg)
+            self.uses_cuda = msg["cuda_available"]
         if result.phase == "baseline":
             result.config = Config.from_kwargs(msg["settings"])
-        result.extra["warnings"] = list(msg.get("warnings") or [])
-        result.epoch_samples = msg.get("epoch_samples")
+        result.extra["warnings"] = list(msg["warnings"])
+        result.epoch_samples = msg["epoch_samples"]
         self.epoch_samples = self.epoch_samples or result.epoch_samples
+        return False
+
+    def _on_result(self, msg: ResultMsg, trial: _Trial) -> bool:
+        result = trial.result
+        result.measurement = Measurement.from_dict(msg["measurement"])
+        result.resources = trial.sup.window_ended()
+        result.pruned = trial.sup.pruned
+        result.cuda_peak_allocated_bytes = msg["cuda_peak_allocated"]
+        result.cuda_peak_reserved_bytes = msg["cuda_peak_reserved"]
+        result.cuda_device = msg["cuda_device"]
+        result.cuda_capacity_bytes = msg["cuda_capacity"]
+        result.transfer = msg["transfer"]
+        self.bytes_per_sample = msg["bytes_per_sample"] or self.bytes_per_sample
+        return msg["complete"]  # a partial result is followed by "ended"
+
+    def _on_failure(self, msg: FailureMsg, trial: _Trial) -> bool:
+        detail = f"{msg['traceback']}\n--- script output (tail) ---\n{_tail(trial.log)}"
+        failure = failures.classify_text(
+            msg["text"], where=msg["where"], detail=detail, num_workers=msg["num_workers"]
+        )
+        if failure.kind == FailureKind.SCRIPT_ERROR:
+            failure = Failure(
+                FailureKind.SCRIPT_ERROR,
+                f"the script raised {msg['text'][:200]}",
+                "fix the script; its traceback is below",
+                user_bug=True,
+                detail=detail,
+            )
+        trial.result.failure = failure
+        return True
+
+    def _on_ended(self, msg: EndedMsg, trial: _Trial) -> bool:
+        if trial.result.measurement is None:
+            what = (
+                "before its first batch" if msg["iterated"] else "without iterating the DataLoader"
+            )
+            trial.result.failure = Failure(
+                FailureKind.SCRIPT_ENDED,
+                f"{msg['how']} {what}",
+                "check the script's arguments (too few epochs or batches?) "
+                "and which loader is tuned (--loader)",
+                user_bug=not msg["iterated"],
+                detail=_tail(trial.log),
+            )
+        return True
 
     def close(self) -> None:
         self._logdir.cleanup()

@@ -1,0 +1,91 @@
+"""The messages of a script trial, between the search and the trial process.
+
+One :class:`~typing.TypedDict` per kind, told apart by ``"t"``: plain dicts of JSON values,
+sent as JSON lines over a :class:`~loadertune.trials.channel.Channel`.
+
+The trial process (:mod:`loadertune.trials.child`) sends a :class:`LoaderMsg` when the script
+first iterates the tuned loader, :class:`EventMsg` and :class:`ProgressMsg` while the meter
+runs, and one of three ends: :class:`ResultMsg` (the window is full), :class:`FailureMsg` (the
+script raised) or :class:`EndedMsg` (the script ended first, after a partial
+:class:`ResultMsg` if the window had opened). The search
+(:class:`loadertune.trials.script.ScriptRunner`) sends :class:`StopMsg` to prune the trial.
+
+Both ends run the same loadertune: the search reads a message of kind ``t`` as that kind's type
+without checking each field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypedDict
+
+
+class EventMsg(TypedDict):
+    """A phase of the meter (``first_batch``, ``window_start``, ``window_end``) or ``beat``."""
+
+    t: Literal["event"]
+    name: str
+    bus_id: str | None  # window_start: the PCI bus id of the CUDA device in use, if any
+
+
+class ProgressMsg(TypedDict):
+    """A sub-window ended; ``rate`` is the window's running samples/s."""
+
+    t: Literal["progress"]
+    i: int
+    rate: float
+
+
+class LoaderMsg(TypedDict):
+    """The loader being tuned, as the script built it (settings applied)."""
+
+    t: Literal["loader"]
+    index: int  # order of creation, from 1
+    call_site: str  # FILE:LINE
+    settings: dict[str, Any]  # Config.loader_kwargs() of the loader
+    epoch_samples: int | None
+    dataset: str  # module.QualifiedName of the dataset's class
+    batch_sampler: bool  # a batch sampler decides the batch (batch_size is None)
+    cuda_available: bool
+    warnings: list[str]
+
+
+class ResultMsg(TypedDict):
+    """The window's measurement, and the CUDA facts of the trial process."""
+
+    t: Literal["result"]
+    measurement: dict[str, Any]  # Measurement.to_dict()
+    complete: bool  # False: a partial window, followed by Ended
+    cuda_peak_allocated: int | None
+    cuda_peak_reserved: int | None
+    cuda_device: str | None
+    cuda_capacity: int | None
+    bytes_per_sample: float | None
+    transfer: dict[str, float] | None
+
+
+class FailureMsg(TypedDict):
+    """The script raised; the search classifies ``text``."""
+
+    t: Literal["failure"]
+    where: Literal["loader", "script"]  # "loader": raised by next() on the tuned loader
+    num_workers: int
+    text: str  # worker signals and the exception chain, as failures.classify_text reads them
+    traceback: str
+
+
+class EndedMsg(TypedDict):
+    """The script ended (or exited) before the window was full."""
+
+    t: Literal["ended"]
+    how: str  # "the script ended", "the script exited with status N"
+    iterated: bool  # the tuned loader was iterated
+
+
+class StopMsg(TypedDict):
+    """From the search: stop measuring (the trial is pruned)."""
+
+    t: Literal["stop"]
+
+
+Message = EventMsg | ProgressMsg | LoaderMsg | ResultMsg | FailureMsg | EndedMsg | StopMsg
+STOP: StopMsg = {"t": "stop"}
