@@ -76,15 +76,6 @@ class _Epoch:
         return self._original(self._loader)
 
 
-class _Repeat:
-    def __init__(self, batch: Any) -> None:
-        self._batch = batch
-
-    def __iter__(self) -> Iterator[Any]:
-        while True:
-            yield self._batch
-
-
 class TrialController:
     """Applies the trial's settings to the target loader and meters the script's loop over it.
 
@@ -138,7 +129,7 @@ class TrialController:
             first = next(original(loader))
             self.bytes_per_sample = dl.bytes_per_sample(first)
             self.transfer = dl.transfer_rates(first)
-            return self.meter.wrap(_Repeat(first))
+            return self.meter.wrap(dl.Repeat(first))
         return self.meter.wrap(_Epoch(original, loader))
 
     def _start(

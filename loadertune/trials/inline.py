@@ -14,12 +14,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
-import itertools
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import psutil
@@ -162,7 +161,7 @@ class InlineRunner:
         if self.bytes_per_sample is None:
             self.bytes_per_sample = dl.bytes_per_sample(first)
         self._transfer = dl.transfer_rates(first)
-        return _Repeat(first)
+        return dl.Repeat(first)
 
     def run(
         self,
@@ -342,16 +341,6 @@ class _Held:
     loader: DataLoader[Any] | None = None
     batches: Any = None
     meter: Meter | None = None
-
-
-class _Repeat:
-    """An endless epoch of one cached batch: the step's rate with loading taken away."""
-
-    def __init__(self, batch: Any) -> None:
-        self._batch = batch
-
-    def __iter__(self) -> Iterator[Any]:
-        return itertools.repeat(self._batch)
 
 
 class _TooShort(Exception):

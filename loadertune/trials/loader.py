@@ -8,6 +8,7 @@ reports (which device, its peak memory).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -79,6 +80,16 @@ def settings_of(loader: DataLoader[Any]) -> Config:
         bool(loader.pin_memory),
         bool(loader.persistent_workers),
     )
+
+
+class Repeat:
+    """An endless epoch of one cached batch: the step's rate with loading taken away (replay)."""
+
+    def __init__(self, batch: Any) -> None:
+        self._batch = batch
+
+    def __iter__(self) -> Iterator[Any]:
+        return itertools.repeat(self._batch)
 
 
 UNSHARDED_WARNING = (
