@@ -286,10 +286,6 @@ class Meter:
     def done(self) -> bool:
         return self._phase == _DONE
 
-    @property
-    def window_open(self) -> bool:
-        return self._phase == _WINDOW
-
     def __next__(self) -> Any:
         t0 = _now()
         if (

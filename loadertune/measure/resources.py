@@ -15,7 +15,6 @@ import os
 import statistics
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -149,27 +148,23 @@ class _Snapshot:
 class ResourceSampler:
     """Sample a process tree while a trial runs.
 
+    Every :attr:`INTERVAL_S` it checks the memory budget (the PSS that crossed it is left in
+    :attr:`budget_hit`, for the supervisor) and, in the window, polls the GPU's utilization (the
+    fallback for a device that keeps no samples).
+
     Args:
         root_pid: the trial's main process (this one, for an in-process trial).
-        interval_s: period of the RSS budget check and of NVML polling.
-        budget_bytes: stop the trial when the tree's PSS exceeds this (None: no check).
-        on_budget: called once, from the sampler thread, with the PSS that crossed the budget.
+        budget_bytes: the tree's PSS that ends the trial (None: no check).
         gpu_index: NVML index of the trial's GPU, or None without one.
     """
 
+    INTERVAL_S = 0.25
+
     def __init__(
-        self,
-        root_pid: int,
-        *,
-        interval_s: float = 0.25,
-        budget_bytes: int | None = None,
-        on_budget: Callable[[int], None] | None = None,
-        gpu_index: int | None = None,
+        self, root_pid: int, *, budget_bytes: int | None = None, gpu_index: int | None = None
     ) -> None:
         self._root = psutil.Process(root_pid)
-        self._interval_s = interval_s
         self._budget = budget_bytes
-        self._on_budget = on_budget
         self.gpu_index = gpu_index
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -241,7 +236,7 @@ class ResourceSampler:
         procs: list[psutil.Process] = []
         tick = 0
         while True:
-            self._wake.wait(self._interval_s)
+            self._wake.wait(self.INTERVAL_S)
             self._wake.clear()
             if self._stop.is_set():
                 return
@@ -249,7 +244,7 @@ class ResourceSampler:
                 self._want_start.clear()
                 procs = process_tree(self._root)
                 self._start = _Snapshot(time.monotonic(), _cpu_seconds(procs), _memory_full(procs))
-            slow = tick % max(1, round(1.0 / self._interval_s)) == 0
+            slow = tick % max(1, round(1.0 / self.INTERVAL_S)) == 0
             tick += 1
             if slow or not procs:
                 procs = process_tree(self._root)
@@ -262,8 +257,6 @@ class ResourceSampler:
                 pss = sum(p for p, _ in _memory_full(procs).values())  # RSS overcounts; confirm
                 if pss > self._budget:
                     self.budget_hit = pss
-                    if self._on_budget is not None:
-                        self._on_budget(pss)
             if self._window_open and self.gpu_index is not None:
                 value = nvml.utilization_now(self.gpu_index)
                 if value is not None:

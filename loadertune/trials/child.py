@@ -45,6 +45,7 @@ from loadertune.trials.patch import LoaderRecord, matches_site, patched
 from loadertune.trials.runner import window_for
 
 SPEC_ENV = "LOADERTUNE_TRIAL"
+_LINGER_S = 60  # after the result, until the parent kills the group (it does long before)
 
 
 class ChannelSink:
@@ -191,7 +192,7 @@ class TrialController:
             next(self._original(loader))
             m.reentry_s.append(time.perf_counter() - t)
         self._report(m, complete=True)
-        time.sleep(self.spec.get("linger_s", 60))  # the parent kills us long before
+        time.sleep(_LINGER_S)
         os._exit(0)
 
     def _report(self, m: Measurement, *, complete: bool) -> None:

@@ -43,8 +43,6 @@ class Supervisor:
         self.last_sign = self.t_start
         self.started = False  # the first batch arrived
         self.pruned = False
-        self.running_rates: list[float] = []
-        self.usage: ResourceUsage | None = None
 
     def __enter__(self) -> Supervisor:
         self.sampler.__enter__()
@@ -64,7 +62,6 @@ class Supervisor:
 
     def progress(self, index: int, samples_per_s: float) -> bool:
         self.last_sign = time.monotonic()
-        self.running_rates.append(samples_per_s)
         if self._should_stop is not None and self._should_stop(index, samples_per_s):
             self.pruned = True
             return False
@@ -74,8 +71,7 @@ class Supervisor:
 
     def window_ended(self) -> ResourceUsage:
         """Take the end-of-window snapshot; call while the workers are still alive."""
-        self.usage = self.sampler.window_ended()
-        return self.usage
+        return self.sampler.window_ended()
 
     def explain(self, failure: Failure, output: str = "") -> Failure:
         """A sharper cause for a vague failure, from what the sampler saw.
