@@ -22,7 +22,7 @@ import runpy
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset
@@ -32,16 +32,9 @@ from loadertune.measure import failures
 from loadertune.measure.meter import Measurement, Meter
 from loadertune.trials import _torch_internals as _internals
 from loadertune.trials import loader as dl
+from loadertune.trials import messages
 from loadertune.trials.channel import Channel
-from loadertune.trials.messages import (
-    EndedMsg,
-    EventMsg,
-    FailureMsg,
-    LoaderMsg,
-    ProgressMsg,
-    ResultMsg,
-)
-from loadertune.trials.patch import LoaderRecord, matches_site, patched
+from loadertune.trials.patch import LoaderRecord, OriginalIter, matches_site, patched
 from loadertune.trials.runner import window_for
 
 SPEC_ENV = "LOADERTUNE_TRIAL"
@@ -57,10 +50,10 @@ class ChannelSink:
 
     def event(self, name: str) -> None:
         bus_id = dl.cuda_bus_id() if name == "window_start" else None
-        self._chan.send(EventMsg(t="event", name=name, bus_id=bus_id))
+        self._chan.send(messages.EventMsg(t="event", name=name, bus_id=bus_id))
 
     def progress(self, index: int, samples_per_s: float) -> bool:
-        self._chan.send(ProgressMsg(t="progress", i=index, rate=samples_per_s))
+        self._chan.send(messages.ProgressMsg(t="progress", i=index, rate=samples_per_s))
         self.stop = self.stop or any(m.get("t") == "stop" for m in self._chan.drain())
         return not self.stop
 
@@ -68,9 +61,7 @@ class ChannelSink:
 class _Epoch:
     """Calls DataLoader's own ``__iter__`` when the meter asks for the epoch's iterator."""
 
-    def __init__(
-        self, original: Callable[[DataLoader[Any]], Iterator[Any]], loader: DataLoader[Any]
-    ) -> None:
+    def __init__(self, original: OriginalIter, loader: DataLoader[Any]) -> None:
         self._original, self._loader = original, loader
 
     def __iter__(self) -> Iterator[Any]:
@@ -94,7 +85,7 @@ class TrialController:
         self.loader: DataLoader[Any] | None = None
         self.bytes_per_sample: float | None = None
         self.transfer: dict[str, float] | None = None
-        self._original: Callable[[DataLoader[Any]], Iterator[Any]] | None = None
+        self._original: OriginalIter | None = None
 
     def _is_target(self, record: LoaderRecord) -> bool:
         if self.target is not None:
@@ -114,10 +105,7 @@ class TrialController:
         return out
 
     def on_iter(
-        self,
-        loader: DataLoader[Any],
-        record: LoaderRecord,
-        original: Callable[[DataLoader[Any]], Iterator[Any]],
+        self, loader: DataLoader[Any], record: LoaderRecord, original: OriginalIter
     ) -> Iterator[Any]:
         if self.target is None and (
             self._is_target(record)
@@ -133,19 +121,14 @@ class TrialController:
             return self.meter.wrap(dl.Repeat(first))
         return self.meter.wrap(_Epoch(original, loader))
 
-    def _start(
-        self,
-        loader: DataLoader[Any],
-        record: LoaderRecord,
-        original: Callable[[DataLoader[Any]], Iterator[Any]],
-    ) -> None:
+    def _start(self, loader: DataLoader[Any], record: LoaderRecord, original: OriginalIter) -> None:
         self.target, self.loader, self._original = record, loader, original
         settings = dl.settings_of(loader)
         import torch
 
         dataset = type(loader.dataset)
         self.chan.send(
-            LoaderMsg(
+            messages.LoaderMsg(
                 t="loader",
                 index=record.index,
                 call_site=record.call_site,
@@ -198,7 +181,7 @@ class TrialController:
     def _report(self, m: Measurement, *, complete: bool) -> None:
         peak_alloc, peak_reserved = dl.cuda_peaks()
         self.chan.send(
-            ResultMsg(
+            messages.ResultMsg(
                 t="result",
                 measurement=m.to_dict(),
                 complete=complete,
@@ -216,7 +199,7 @@ class TrialController:
         partial = self.meter.finish_now() if self.meter is not None else None
         if partial is not None:
             self._report(partial, complete=False)
-        self.chan.send(EndedMsg(t="ended", how=how, iterated=self.target is not None))
+        self.chan.send(messages.EndedMsg(t="ended", how=how, iterated=self.target is not None))
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -235,7 +218,7 @@ def _report_failure(controller: TrialController, chan: Channel, exc: BaseExcepti
     meter = controller.meter
     signals = _internals.dead_worker_signals(meter.iterator) if meter is not None else ()
     chan.send(
-        FailureMsg(
+        messages.FailureMsg(
             t="failure",
             where="loader" if meter is not None and meter.failed_in_next else "script",
             num_workers=controller.loader.num_workers if controller.loader else 0,

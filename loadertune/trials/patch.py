@@ -35,6 +35,10 @@ _SKIP_DIRS = tuple(
 )
 
 
+# DataLoader's own __iter__, which a controller calls to iterate a loader for real
+OriginalIter = Callable[[DataLoader[Any]], Iterator[Any]]
+
+
 @dataclass(frozen=True)
 class LoaderRecord:
     """Which loader this is: its order of creation (from 1) and its call site (``file:line``)."""
@@ -74,10 +78,7 @@ class Controller(Protocol):
         """The keyword arguments to build loader ``record`` with (``arguments``: the script's)."""
 
     def on_iter(
-        self,
-        loader: DataLoader[Any],
-        record: LoaderRecord,
-        original: Callable[[DataLoader[Any]], Iterator[Any]],
+        self, loader: DataLoader[Any], record: LoaderRecord, original: OriginalIter
     ) -> Iterator[Any]:
         """What ``iter(loader)`` returns; ``original(loader)`` is DataLoader's own iterator."""
 
@@ -154,9 +155,6 @@ class Apply:
         return dl.apply_settings(arguments, self.config)
 
     def on_iter(
-        self,
-        loader: DataLoader[Any],
-        record: LoaderRecord,
-        original: Callable[[DataLoader[Any]], Iterator[Any]],
+        self, loader: DataLoader[Any], record: LoaderRecord, original: OriginalIter
     ) -> Iterator[Any]:
         return original(loader)

@@ -31,17 +31,9 @@ from loadertune.errors import ConfigError, ScriptError
 from loadertune.measure import failures, nvml
 from loadertune.measure.failures import Failure, FailureKind
 from loadertune.measure.meter import Measurement, WindowSpec
+from loadertune.trials import messages
 from loadertune.trials.channel import Channel
 from loadertune.trials.child import SPEC_ENV
-from loadertune.trials.messages import (
-    STOP,
-    EndedMsg,
-    EventMsg,
-    FailureMsg,
-    LoaderMsg,
-    ProgressMsg,
-    ResultMsg,
-)
 from loadertune.trials.runner import Limits, ShouldStop, TrialResult
 from loadertune.trials.supervisor import Supervisor
 
@@ -260,18 +252,18 @@ class ScriptRunner:
         handler = self._handlers.get(msg.get("t", ""))
         return handler(msg, trial) if handler is not None else False
 
-    def _on_event(self, msg: EventMsg, trial: _Trial) -> bool:
+    def _on_event(self, msg: messages.EventMsg, trial: _Trial) -> bool:
         trial.sup.event(msg["name"])
         if msg["name"] == "window_start" and msg["bus_id"]:
             trial.sup.sampler.gpu_index = nvml.index_for_bus_id(msg["bus_id"])
         return False
 
-    def _on_progress(self, msg: ProgressMsg, trial: _Trial) -> bool:
+    def _on_progress(self, msg: messages.ProgressMsg, trial: _Trial) -> bool:
         if not trial.sup.progress(int(msg["i"]), float(msg["rate"])):
-            trial.chan.send(STOP)
+            trial.chan.send(messages.STOP)
         return False
 
-    def _on_loader(self, msg: LoaderMsg, trial: _Trial) -> bool:
+    def _on_loader(self, msg: messages.LoaderMsg, trial: _Trial) -> bool:
         result = trial.result
         result.extra["loader"] = msg
         if self.loader_info is None:
@@ -284,7 +276,7 @@ class ScriptRunner:
         self.epoch_samples = self.epoch_samples or result.epoch_samples
         return False
 
-    def _on_result(self, msg: ResultMsg, trial: _Trial) -> bool:
+    def _on_result(self, msg: messages.ResultMsg, trial: _Trial) -> bool:
         result = trial.result
         result.measurement = Measurement.from_dict(msg["measurement"])
         result.resources = trial.sup.window_ended()
@@ -297,7 +289,7 @@ class ScriptRunner:
         self.bytes_per_sample = msg["bytes_per_sample"] or self.bytes_per_sample
         return msg["complete"]  # a partial result is followed by "ended"
 
-    def _on_failure(self, msg: FailureMsg, trial: _Trial) -> bool:
+    def _on_failure(self, msg: messages.FailureMsg, trial: _Trial) -> bool:
         detail = f"{msg['traceback']}\n--- script output (tail) ---\n{_tail(trial.log)}"
         failure = failures.classify_text(
             msg["text"], where=msg["where"], detail=detail, num_workers=msg["num_workers"]
@@ -313,7 +305,7 @@ class ScriptRunner:
         trial.result.failure = failure
         return True
 
-    def _on_ended(self, msg: EndedMsg, trial: _Trial) -> bool:
+    def _on_ended(self, msg: messages.EndedMsg, trial: _Trial) -> bool:
         if trial.result.measurement is None:
             what = (
                 "before its first batch" if msg["iterated"] else "without iterating the DataLoader"
