@@ -62,8 +62,9 @@ good within the space but the space left the optimum out; or no good setting was
 exploring nothing, or something, with the stop reason).
 
 Hooks patched so the driver runs in simulated time (see :func:`simulated_time`):
-``loadertune.search.driver.time`` and ``loadertune.confirm.time`` (their ``time.monotonic``), and
-``loadertune.search.driver.tree_pss`` (the driver's own PSS, added to the memory budget inline).
+``loadertune.search.driver.time`` and ``loadertune.search.confirm.time`` (their
+``time.monotonic``), and ``loadertune.search.driver.tree_pss`` (the driver's own PSS, added to
+the memory budget inline).
 """
 
 from __future__ import annotations
@@ -85,17 +86,18 @@ from typing import Any
 import numpy as np
 import optuna
 
-import loadertune.confirm
+import loadertune.search.confirm
 import loadertune.search.driver
-from loadertune import failures
+from loadertune.config import DEFAULT_BATCH_SIZES, Config
 from loadertune.errors import LoadertuneError, UserCodeError
-from loadertune.failures import Failure
 from loadertune.hardware import Hardware
-from loadertune.meter import Measurement, WindowSpec
-from loadertune.resources import ResourceUsage
+from loadertune.measure import failures
+from loadertune.measure.failures import Failure
+from loadertune.measure.meter import Measurement, WindowSpec
+from loadertune.measure.resources import ResourceUsage
 from loadertune.search import Search, SearchOutcome, SearchSettings
-from loadertune.space import DEFAULT_BATCH_SIZES, DEFAULT_PREFETCH_FACTORS, MAX_WORKERS_HARD, Config
-from loadertune.trial import Limits, ShouldStop, TrialResult
+from loadertune.search.space import DEFAULT_PREFETCH_FACTORS, MAX_WORKERS_HARD
+from loadertune.trials.runner import Limits, ShouldStop, TrialResult
 
 MODES = ("inline", "script")
 CPU_CHOICES = (1, 2, 4, 8, 16, 32)
@@ -431,7 +433,7 @@ def simulated_time(clock: FakeClock, own_pss: int) -> Iterator[None]:
     """Point the driver's clock (driver, confirm) and its own-PSS reading at the simulation."""
     patches: list[tuple[Any, str, Any]] = [
         (loadertune.search.driver, "time", clock),
-        (loadertune.confirm, "time", clock),
+        (loadertune.search.confirm, "time", clock),
         (loadertune.search.driver, "tree_pss", lambda pid: own_pss),
     ]
     saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
@@ -454,7 +456,8 @@ class TraceLine:
 
 
 class SimRunner:
-    """A :class:`loadertune.trial.TrialRunner` that answers from the model and moves the clock."""
+    """A :class:`~loadertune.trials.TrialRunner` that answers from the model and moves the
+    clock."""
 
     user_error = UserCodeError
 

@@ -245,11 +245,20 @@ def test_confirm_stops_at_the_deadline(clock: _Clock) -> None:
     assert outcome.values == {A: [100.0], B: [200.0, 200.0], C: [150.0, 150.0]}
 
 
-def test_confirm_past_deadline_measures_only_the_leading_finalist(clock: _Clock) -> None:
-    """The winner must have figures of its own from this run, whatever the clock says."""
+def test_confirm_past_deadline_runs_nothing(clock: _Clock) -> None:
     clock.now = 100.0
     run, ran = _runner(clock, {A: [1.0], B: [2.0]})
     outcome = confirm(run, [B], A, rounds=3, deadline=105.0, trial_wall_s=10.0)
+    assert ran == []
+    assert outcome.winner is None
+    assert outcome.clearly_better is False
+
+
+def test_confirm_past_deadline_can_measure_the_leading_finalist(clock: _Clock) -> None:
+    """A resumed search's leader must have figures of its own from this run."""
+    clock.now = 100.0
+    run, ran = _runner(clock, {A: [1.0], B: [2.0]})
+    outcome = confirm(run, [B], A, rounds=3, deadline=105.0, trial_wall_s=10.0, measure_first=True)
     assert ran == [B]
     assert outcome.winner == B
     assert outcome.clearly_better is False  # the baseline was not re-measured beside it

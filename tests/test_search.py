@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
+from types import SimpleNamespace
 
 import optuna
 import pytest
@@ -16,6 +17,7 @@ from loadertune.measure.failures import Failure
 from loadertune.measure.meter import Measurement, WindowSpec
 from loadertune.measure.resources import ResourceUsage
 from loadertune.search import Search, SearchSettings, dominated
+from loadertune.search import driver as driver_module
 from loadertune.trials import Limits, ShouldStop, TrialResult
 
 
@@ -38,6 +40,7 @@ class FakeRunner:
         cost_s: float = 0.01,
         interrupt_after: int | None = None,
         needs_timeout_s: Callable[[str], float] = lambda phase: 0.0,
+        clock: SimpleNamespace | None = None,
     ) -> None:
         self.rate, self.fail = rate, fail
         self.epoch_samples = epoch_samples
@@ -49,6 +52,7 @@ class FakeRunner:
         self.pruned = 0
         # a trial of this phase needs a limit of at least this long (a slow-starting script)
         self.needs_timeout_s = needs_timeout_s
+        self.clock = clock  # a fake clock the trials advance instead of sleeping
 
     def run(
         self,
@@ -64,7 +68,10 @@ class FakeRunner:
             raise KeyboardInterrupt
         self.log.append((phase, config))
         self.limits.append((phase, limits))
-        time.sleep(self.cost_s)
+        if self.clock is not None:
+            self.clock.now += self.cost_s
+        else:
+            time.sleep(self.cost_s)
         result = TrialResult(
             config, phase=phase, wall_s=self.cost_s, epoch_samples=self.epoch_samples
         )
@@ -264,16 +271,21 @@ def test_interrupted_search_keeps_its_trials_and_resumes(tmp_path, hw) -> None:
 
 
 def test_trial_limits_are_what_the_workload_needs_not_what_is_left_of_the_budget(
-    tmp_path, hw
+    tmp_path, hw, monkeypatch
 ) -> None:
     """The replay comes when the budget is nearly spent; it still gets the time it needs."""
-    runner = FakeRunner(io_landscape, cost_s=0.4, needs_timeout_s=lambda phase: 3.0)
+    # baseline and probe take 1 s of the 2.5 s budget; the replay still fits, but a limit cut to
+    # what is left (1.5 s + 1) is less than the 3 s it needs (a slow-starting script)
+    clock = SimpleNamespace(now=0.0)
+    clock.monotonic = lambda: clock.now
+    monkeypatch.setattr(driver_module, "time", clock)
+    runner = FakeRunner(io_landscape, cost_s=0.5, needs_timeout_s=lambda phase: 3.0, clock=clock)
     outcome = Search(
         runner,
         hardware=hw,
         baseline=Config(32),
         batch_sizes=[32],
-        settings=settings(tmp_path, budget_s=1.0),
+        settings=settings(tmp_path, budget_s=2.5),
     ).run()
     replay = [limits for phase, limits in runner.limits if phase == "replay"]
     assert replay and replay[0].timeout_s >= 3.0 and replay[0].startup_s >= 3.0

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import loadertune.confirm
+import loadertune.search.confirm
 import loadertune.search.driver
-from loadertune.meter import WindowSpec
-from loadertune.space import Config
-from loadertune.trial import Limits
+from loadertune.config import Config
+from loadertune.measure.meter import WindowSpec
+from loadertune.trials.runner import Limits
 
 BUDGET = 30.0
 # A trial's limit reaches 1 s past the deadline, plus teardown (up to ~1.3 s for 256 workers).
@@ -44,7 +44,7 @@ def test_searches_on_simulated_workloads_are_sane(sim, mode: str) -> None:
         score, outcome = sim.run_one(w, mode, seed=seed, budget_s=BUDGET)
         assert time.perf_counter() - t0 < 10  # simulated time: no trial really runs
         assert loadertune.search.driver.time is time  # the hooks are put back
-        assert loadertune.confirm.time is time
+        assert loadertune.search.confirm.time is time
         if outcome is None:
             assert score.error and score.ratio == 0.0
             assert 0 < score.sim_s <= BUDGET + OVERSHOOT_RAISED

@@ -95,15 +95,15 @@ def confirm(
     rounds: int,
     deadline: float,
     trial_wall_s: float,
+    measure_first: bool = False,
 ) -> Confirmation:
     """Measure ``finalists`` and ``baseline`` in ``rounds`` interleaved rounds (fewer if the
-    deadline, a ``time.monotonic()`` value, comes first). ``run`` measures one setting."""
+    deadline, a ``time.monotonic()`` value, comes first). ``run`` measures one setting.
+    ``measure_first``: the first finalist is measured even past the deadline."""
     configs = list(dict.fromkeys([*finalists, baseline]))
     outcome = Confirmation(baseline=baseline)
     for i, config in enumerate(interleaved(configs, rounds)):
-        # The first finalist is measured whatever the clock says: a winner must have figures
-        # of its own from this run (a resumed search's best may come from an earlier one).
-        if i > 0 and time.monotonic() + trial_wall_s > deadline:
+        if (i > 0 or not measure_first) and time.monotonic() + trial_wall_s > deadline:
             break
         result = run(config)
         outcome.results.setdefault(config, []).append(result)

@@ -173,21 +173,28 @@ class Search:
     def _probe(self) -> tuple[TrialResult, TrialResult | None, TrialResult | None]:
         """Baseline, num_workers=0 and 1 at the user's batch size, and the replay.
 
-        Only the baseline must succeed; a failed probe or replay leaves the estimates out (the
-        search goes on without its seeds and ceilings) rather than ending the search.
+        Only the baseline must succeed; a failed probe or replay, or one that does not fit in
+        the budget left, leaves the estimates out (the search goes on without its seeds and
+        ceilings) rather than ending the search.
         """
         base = self._measure_baseline()
         bs = self.baseline.batch_size
         w0 = base if self.baseline == Config(bs) else None
         if w0 is None:
+            if not self._fits():
+                return base, None, None
             w0 = self._measure(Config(bs), "probe")
         w1 = None
         cap = self.settings.max_workers
-        if cap is None or cap >= 1:
+        if (cap is None or cap >= 1) and self._fits():
             one = Config(bs, 1, 2, False, False)
             w1 = base if self.baseline == one else self._measure(one, "probe")
-        replay = self._measure(Config(bs), "replay") if w0.ok else None
+        replay = self._measure(Config(bs), "replay") if w0.ok and self._fits() else None
         return w0, (w1 if w1 is not None and w1.ok else None), replay
+
+    def _fits(self) -> bool:
+        """Another trial fits in what is left of the budget (as long as the typical one)."""
+        return self._remaining() >= self._typical_wall()
 
     def _build_space(
         self, w0: TrialResult, w1: TrialResult | None, replay: TrialResult | None
@@ -232,7 +239,11 @@ class Search:
             return "no_improvement"
         if len(self.values) + len(self.frontier.failed) >= space_size:
             return "space_exhausted"
-        if est is not None and n_batch_sizes == 1 and self._best_value >= 0.97 * est.achievable:
+        if (
+            est is not None
+            and n_batch_sizes == 1
+            and self._best_value >= 0.97 * max(est.hard_ceiling, est.in_process_samples_per_s)
+        ):
             return "at_ceiling"
         return None
 
@@ -250,7 +261,9 @@ class Search:
                 verified = True  # once, as soon as two batch sizes have run: verify the largest
                 size = self.frontier.largest_safe_batch(list(space.batch_sizes))
                 if self.best and size and not any(c.batch_size == size for c in self.values):
-                    log.enqueue(dataclasses.replace(self.best.config, batch_size=size))
+                    log.enqueue(
+                        space.nearest(dataclasses.replace(self.best.config, batch_size=size))
+                    )
             wider = self._widen(log, space)
             if wider is not space:
                 space, space_size = wider, len(wider.configs())
@@ -318,14 +331,14 @@ class Search:
         finalists = [] if baseline_only else self._finalists()
         configs = list(dict.fromkeys([*finalists, self.baseline]))
         wall = self._typical_wall()
-        # At least one round, cut short at the deadline: the leading finalist is always measured.
-        rounds = max(
-            1,
-            min(
-                self.settings.confirm_rounds,
-                int(self._remaining() // max(wall * len(configs), 1e-9)),
-            ),
+        rounds = min(
+            self.settings.confirm_rounds, int(self._remaining() // max(wall * len(configs), 1e-9))
         )
+        # The winner must have figures from this run: a resumed search's leader measured only
+        # in an earlier run is measured once even past the deadline.
+        unmeasured = bool(finalists) and not any(t.config == finalists[0] for t in self.trials)
+        if rounds < 1 and not unmeasured:
+            return None
 
         def run(config: Config) -> TrialResult:
             result = self._measure(config, "confirm")
@@ -333,7 +346,13 @@ class Search:
             return result
 
         return confirm(
-            run, finalists, self.baseline, rounds=rounds, deadline=self._deadline, trial_wall_s=wall
+            run,
+            finalists,
+            self.baseline,
+            rounds=max(1, rounds),
+            deadline=self._deadline,
+            trial_wall_s=wall,
+            measure_first=unmeasured,
         )
 
     # -- the whole search --------------------------------------------------------------------------

@@ -88,6 +88,13 @@ class Estimates:
         lowest = min(ceilings, key=lambda k: ceilings[k])
         return "main_process" if self.in_process_samples_per_s > ceilings[lowest] else lowest
 
+    @property
+    def hard_ceiling(self) -> float:
+        """The lowest ceiling no worker count can lift (step, CPUs, transfer): a search that
+        reaches it may stop. The loader's ceiling is left out: it grows with the worker range,
+        which the search may widen."""
+        return min(v for k, v in self._ceilings().items() if k != "loader")
+
     def workers_needed(self) -> int:
         """Workers that feed the worker pipeline's lowest ceiling (at least 1)."""
         return max(1, math.ceil(min(self._ceilings().values()) * self.worker_s_per_sample * 1.05))

@@ -109,7 +109,7 @@ class StudyLog:
                 f"{exc}). Pass a URL such as sqlite:///path/to/studies.db, or leave it out."
             ) from exc
         self._open: optuna.trial.Trial | None = None
-        self.n_at_start = len(self.study.trials)
+        self.n_at_start = len(self.study.get_trials(deepcopy=False))
 
     # -- resuming --------------------------------------------------------------------------------
 
@@ -227,7 +227,7 @@ class StudyLog:
                 },
             )
         )
-        result.number = len(self.study.trials) - 1
+        result.number = len(self.study.get_trials(deepcopy=False)) - 1
 
     def n_complete(self) -> int:
         return len(self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
