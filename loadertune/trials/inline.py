@@ -31,7 +31,7 @@ from loadertune.measure.failures import Failure, FailureKind, classify_exception
 from loadertune.measure.meter import Meter, WindowSpec
 from loadertune.trials import _torch_internals as _internals
 from loadertune.trials import loader as dl
-from loadertune.trials.runner import Limits, ShouldStop, TrialResult
+from loadertune.trials.runner import BaseRunner, Limits, TrialRequest, TrialResult
 from loadertune.trials.supervisor import Supervisor
 
 
@@ -102,7 +102,7 @@ class _Watchdog:
             return
 
 
-class InlineRunner:
+class InlineRunner(BaseRunner):
     """Trials over ``dataset`` in this process; see the module docstring.
 
     Args:
@@ -163,26 +163,18 @@ class InlineRunner:
         self._transfer = dl.transfer_rates(first)
         return dl.Repeat(first)
 
-    def run(
-        self,
-        config: Config | None,
-        *,
-        window: WindowSpec,
-        limits: Limits,
-        phase: str = "search",
-        should_stop: ShouldStop | None = None,
-    ) -> TrialResult:
+    def _trial(self, config: Config | None, request: TrialRequest) -> TrialResult:
         if config is None:
             raise ValueError("an in-process trial needs explicit settings")
-        t0 = time.perf_counter()
-        replay = phase == "replay"
+        window, limits = request.window, request.limits
+        replay = request.phase == "replay"
         warnings = self._check_sharding(config)
-        result = TrialResult(config, phase=phase)
+        result = TrialResult(config, phase=request.phase)
         before = set(_children())
         if torch.cuda.is_initialized():
             torch.cuda.reset_peak_memory_stats()
         sup = Supervisor(
-            os.getpid(), limits=limits, should_stop=should_stop, gpu_index=self.gpu_index
+            os.getpid(), limits=limits, should_stop=request.should_stop, gpu_index=self.gpu_index
         )
         dog = _Watchdog(sup, before)
         step = self._step(config)
@@ -203,9 +195,7 @@ class InlineRunner:
         del error
         if result.failure is not None:
             result.failure = sup.explain(result.failure)
-        result.bytes_per_sample = self.bytes_per_sample
         result.extra["warnings"] = warnings
-        result.wall_s = time.perf_counter() - t0
         return result
 
     def _measure(

@@ -12,6 +12,7 @@ bad setting: it returns a :class:`TrialResult` with a ``failure``.
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -173,6 +174,43 @@ class TrialRunner(Protocol):
 
     def close(self) -> None:
         """Release what the runner holds (nothing of a trial may be left by then)."""
+
+
+@dataclass(frozen=True)
+class TrialRequest:
+    """What one :meth:`TrialRunner.run` call asks for besides the setting."""
+
+    window: WindowSpec
+    limits: Limits
+    phase: str = "search"
+    should_stop: ShouldStop | None = None
+
+
+class BaseRunner:
+    """What both runners do around a trial: time the whole of it (start-up and teardown
+    included) and pass on what they know of a sample's size. A runner implements
+    :meth:`_trial`; see :class:`TrialRunner` for the rest."""
+
+    bytes_per_sample: float | None = None
+
+    def run(
+        self,
+        config: Config | None,
+        *,
+        window: WindowSpec,
+        limits: Limits,
+        phase: str = "search",
+        should_stop: ShouldStop | None = None,
+    ) -> TrialResult:
+        """See :meth:`TrialRunner.run`."""
+        t0 = time.perf_counter()
+        result = self._trial(config, TrialRequest(window, limits, phase, should_stop))
+        result.bytes_per_sample = self.bytes_per_sample
+        result.wall_s = time.perf_counter() - t0
+        return result
+
+    def _trial(self, config: Config | None, request: TrialRequest) -> TrialResult:
+        raise NotImplementedError
 
 
 def window_for(config: Config, *, window_s: float, min_warmup: int = 2) -> WindowSpec:

@@ -30,11 +30,11 @@ from loadertune.config import Config
 from loadertune.errors import ConfigError, ScriptError
 from loadertune.measure import failures, nvml
 from loadertune.measure.failures import Failure, FailureKind
-from loadertune.measure.meter import Measurement, WindowSpec
+from loadertune.measure.meter import Measurement
 from loadertune.trials import messages
 from loadertune.trials.channel import Channel
 from loadertune.trials.child import SPEC_ENV
-from loadertune.trials.runner import Limits, ShouldStop, TrialResult
+from loadertune.trials.runner import BaseRunner, TrialRequest, TrialResult
 from loadertune.trials.supervisor import Supervisor
 
 OUTPUT_TAIL_BYTES = 8192
@@ -106,7 +106,7 @@ class _Trial:
     log: Path
 
 
-class ScriptRunner:
+class ScriptRunner(BaseRunner):
     """Trials of ``python SCRIPT ARGS``; see the module docstring.
 
     Args:
@@ -156,20 +156,11 @@ class ScriptRunner:
             "ended": self._on_ended,
         }
 
-    def run(
-        self,
-        config: Config | None,
-        *,
-        window: WindowSpec,
-        limits: Limits,
-        phase: str = "search",
-        should_stop: ShouldStop | None = None,
-    ) -> TrialResult:
-        """Run one trial; ``config=None`` runs the script's own settings (the baseline), which
-        also finds the loader to tune when no ``loader=`` was given."""
+    def _trial(self, config: Config | None, request: TrialRequest) -> TrialResult:
+        """One trial; ``config=None`` runs the script's own settings (the baseline), which also
+        finds the loader to tune when no ``loader=`` was given."""
         if config is not None and self.loader_info is None and not self.selector:
             raise RuntimeError("run the baseline (config=None) first: it finds the loader to tune")
-        t0 = time.perf_counter()
         chan, theirs = Channel.pair()
         log = Path(self._logdir.name) / "trial.log"
         spec = {
@@ -177,9 +168,9 @@ class ScriptRunner:
             "args": self.args,
             "fd": theirs.fileno(),
             "parent_pid": os.getpid(),
-            "phase": phase,
-            "window_s": window.window_s,
-            "hang_s": limits.hang_s,
+            "phase": request.phase,
+            "window_s": request.window.window_s,
+            "hang_s": request.limits.hang_s,
             "overrides": config.loader_kwargs() if config else None,
             **((self.loader_info and {"index": self.loader_info["index"]}) or self.selector),
         }
@@ -195,8 +186,8 @@ class ScriptRunner:
                 start_new_session=True,
             )
         theirs.close()
-        result = TrialResult(config or Config(1), phase=phase)
-        sup = Supervisor(proc.pid, limits=limits, should_stop=should_stop)
+        result = TrialResult(config or Config(1), phase=request.phase)
+        sup = Supervisor(proc.pid, limits=request.limits, should_stop=request.should_stop)
         try:
             with sup:
                 self._supervise(_Trial(proc, chan, sup, result, log))
@@ -207,8 +198,6 @@ class ScriptRunner:
                 proc.wait(timeout=5)
         if result.failure is not None:
             result.failure = sup.explain(result.failure, output=_tail(log))
-        result.wall_s = time.perf_counter() - t0
-        result.bytes_per_sample = self.bytes_per_sample
         return result
 
     def _supervise(self, trial: _Trial) -> None:
