@@ -70,7 +70,9 @@ def test_the_trial_process_killed_mid_trial_leaves_no_worker() -> None:
 def test_a_hung_step_times_out() -> None:
     t0 = time.monotonic()
     limits = Limits(timeout_s=60, startup_s=30, hang_s=2)
-    result = run("hangs_in_step.py", Config(16), limits=limits)
+    # A window far longer than the 30 batches before the hang: a loaded machine (batches over
+    # 10 ms) filled the 0.3 s default first and the trial passed.
+    result = run("hangs_in_step.py", Config(16), limits=limits, window_s=5.0)
     assert result.error == "timeout"
     assert time.monotonic() - t0 < 20
 
