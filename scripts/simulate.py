@@ -603,7 +603,7 @@ class SimRunner:
             subs.append(rate * self._noise(self.w.sub_sigma))
             elapsed += sub_s
             batches += sub_s / period
-            full = elapsed >= window.window_s and batches >= window.min_window_batches
+            full = window.is_full(elapsed, batches)
             if should_stop is not None and should_stop(len(subs) - 1, statistics.fmean(subs)):
                 result.pruned = True  # the supervisor marks it even on the last sub-window
                 return subs, elapsed, batches, full

@@ -179,3 +179,27 @@ def test_hot_path_and_general_path_count_the_same() -> None:
     general = measure(lambda batch, index: structure_count(batch))
     for m in (fast, general):
         assert m.n_samples / m.n_batches == pytest.approx(100 / 4, rel=0.1)
+
+
+@pytest.mark.parametrize(
+    ("elapsed", "batches", "full"),
+    [
+        (0.5, 10, False),  # not yet window_s
+        (1.0, 3, False),  # window_s, but fewer than min_window_batches of fast batches
+        (1.0, 4, True),
+        (2.0, 1, True),  # twice window_s: a few slow batches are enough
+        (1.99, 1, False),
+    ],
+)
+def test_a_window_of_slow_batches_ends_after_twice_its_length(
+    elapsed: float, batches: int, full: bool
+) -> None:
+    assert WindowSpec(warmup_batches=0, window_s=1.0).is_full(elapsed, batches) is full
+
+
+def test_a_loop_of_slow_batches_is_measured_in_a_few_of_them() -> None:
+    """Batches of 0.15 s and a 0.05 s window: the window ends at 0.1 s, not at 4 batches."""
+    meter = Meter(WindowSpec(warmup_batches=0, window_s=0.05), count=FixedCount(8))
+    m = run_loop(meter, slow_batches(10_000, 0.15))
+    assert m.complete
+    assert m.n_batches == 1

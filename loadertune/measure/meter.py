@@ -34,7 +34,9 @@ class WindowSpec:
             batches in flight (``num_workers * prefetch_factor``): a full buffer must not
             inflate the window.
         window_s: seconds of the measured window.
-        min_window_batches: the window also lasts at least this many batches.
+        min_window_batches: the window also lasts at least this many batches, unless it has
+            lasted twice ``window_s`` already (a few slow batches measure a slow loop as well
+            as many fast ones: a window of seconds-long batches must not take a minute).
         n_sub_windows: the window is split in this many equal-time parts, each reported.
     """
 
@@ -42,6 +44,13 @@ class WindowSpec:
     window_s: float
     min_window_batches: int = 4
     n_sub_windows: int = 4
+
+    def is_full(self, elapsed_s: float, batches: float) -> bool:
+        """The window has run its length: ``window_s`` and ``min_window_batches``, or twice
+        ``window_s`` whatever the batches."""
+        return elapsed_s >= self.window_s and (
+            batches >= self.min_window_batches or elapsed_s >= 2 * self.window_s
+        )
 
     def __post_init__(self) -> None:
         if self.warmup_batches < 0 or self.window_s <= 0 or self.n_sub_windows < 1:
@@ -395,7 +404,7 @@ class Meter:
         elapsed = t0 - self._w_start - self._excluded
         running = self._w_samples / elapsed if elapsed > 0 else 0.0
         keep_going = self._sink.progress(len(self._sub_rates) - 1, running)
-        full = elapsed >= self.spec.window_s and self._w_batches >= self.spec.min_window_batches
+        full = self.spec.is_full(elapsed, self._w_batches)
         if full or not keep_going:
             self._finish(t0, complete=full, stopped_early=not full)
             return t0

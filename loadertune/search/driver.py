@@ -28,6 +28,8 @@ from loadertune.search.stop import loader_keeps_up
 from loadertune.search.study import Previous, StudyLog, quiet_optuna
 from loadertune.trials import Limits, TrialResult, TrialRunner, window_for
 
+MIN_EXPLORED = 3  # search trials that run before any time is kept for the confirmation
+
 
 class Search:
     """One search over one workload. See the module docstring.
@@ -66,6 +68,7 @@ class Search:
         self._best_value = 0.0
         self._since_gain = 0
         self._n_run = 0
+        self._n_explored = 0  # search-phase trials run (not probe, baseline or confirmation)
         self._deadline = 0.0
         self._memory_budget: int | None = None
 
@@ -121,7 +124,13 @@ class Search:
         """Run one trial (``config=None``: the workload's own settings) and learn from it."""
         if self.observer:
             self.observer.trial_started(config, phase)
-        window = window_for(config or Config(1), window_s=self.settings.trial_window_s)
+        # In-process loading has no buffer to drain: one batch of warm-up after the first.
+        in_process = config is not None and config.num_workers == 0
+        window = window_for(
+            config or Config(1),
+            window_s=self.settings.trial_window_s,
+            min_warmup=1 if in_process else 2,
+        )
         result = self.runner.run(
             config,
             window=window,
@@ -132,6 +141,7 @@ class Search:
         self.trials.append(result)
         if phase != "replay":
             self._n_run += phase != "confirm"
+            self._n_explored += phase == "search"
             self._learn(result)
         if self.observer:
             self.observer.trial_finished(result, self.best)
@@ -179,22 +189,29 @@ class Search:
         """
         base = self._measure_baseline()
         bs = self.baseline.batch_size
-        w0 = base if self.baseline == Config(bs) else None
+        w0 = base if self.baseline.num_workers == 0 else None  # pinned or not: the same loading
         if w0 is None:
             if not self._fits():
                 return base, None, None
             w0 = self._measure(Config(bs), "probe")
         w1 = None
         cap = self.settings.max_workers
-        if (cap is None or cap >= 1) and self._fits():
-            one = Config(bs, 1, 2, False, False)
-            w1 = base if self.baseline == one else self._measure(one, "probe")
+        # One worker tells a worker's memory and hand-over cost; a baseline with workers told
+        # both already, and a tight budget keeps its trials for the exploration.
+        if (
+            (cap is None or cap >= 1)
+            and self.baseline.num_workers == 0
+            and self._fits(2 + MIN_EXPLORED)
+        ):
+            w1 = self._measure(Config(bs, 1, 2, False, False), "probe")
         replay = self._measure(Config(bs), "replay") if w0.ok and self._fits() else None
+        if w1 is None and self.baseline.num_workers:
+            w1 = base
         return w0, (w1 if w1 is not None and w1.ok else None), replay
 
-    def _fits(self) -> bool:
-        """Another trial fits in what is left of the budget (as long as the typical one)."""
-        return self._remaining() >= self._typical_wall()
+    def _fits(self, n: int = 1) -> bool:
+        """``n`` more trials fit in what is left of the budget (as long as the typical one)."""
+        return self._remaining() >= n * self._typical_wall()
 
     def _build_space(
         self, w0: TrialResult, w1: TrialResult | None, replay: TrialResult | None
@@ -252,7 +269,6 @@ class Search:
     ) -> tuple[str, SearchSpace]:
         """Ask Optuna for settings and measure them until a stop rule says enough; returns why
         it stopped and the space as it ended (widened when the best sat at its edge)."""
-        reserve = self._confirm_cost()
         space_size = len(space.configs())
         idle = 0  # consecutive proposals that ran nothing (duplicates, skips)
         verified = False
@@ -267,7 +283,9 @@ class Search:
             wider = self._widen(log, space)
             if wider is not space:
                 space, space_size = wider, len(wider.configs())
-            reason = self._stop_reason(space_size, len(space.batch_sizes), est, reserve)
+            reason = self._stop_reason(
+                space_size, len(space.batch_sizes), est, self._confirm_cost()
+            )
             if reason:
                 return reason, space
             if idle >= 50:
@@ -306,12 +324,28 @@ class Search:
         return wider
 
     def _confirm_cost(self) -> float:
-        """Seconds to keep for the confirmation: its rounds, or at most 40% of the budget."""
-        n = 1 + self.settings.finalists + (len(self.batch_sizes) > 1)  # + best at the user's bs
-        rounds = max(2, self.settings.confirm_rounds)
-        return min(0.4 * self.settings.budget_s, n * rounds * self._typical_wall())
+        """Seconds to keep for the confirmation: two interleaved rounds of each finalist that
+        beats the baseline, and of the baseline, at most 35% of the budget. Nothing is kept
+        before the first few settings of the exploration have run (the probe's predicted best
+        among them), or while nothing beats the baseline: exploring is then worth more than
+        re-measuring."""
+        if self._n_explored < MIN_EXPLORED:
+            return 0.0  # the probe's own figures are too few to be worth confirming yet
+        base = self.values.get(self._baseline) if self._baseline is not None else None
+        contenders = [
+            c
+            for c in self._finalists()
+            if c != self._baseline and (base is None or self.values[c] > base)
+        ]
+        if not contenders:
+            return 0.0
+        rounds = min(2, self.settings.confirm_rounds)
+        cost = (len(contenders) + 1) * rounds * self._typical_wall()
+        return min(0.35 * self.settings.budget_s, cost)
 
     def _finalists(self) -> list[Config]:
+        """The search's best few (within 70% of the best: a single unlucky measurement does not
+        shut a setting out), and the best at the user's batch size."""
         ranked = sorted(
             (c for c in self.values if self.frontier.may_win(c)),
             key=lambda c: self.values[c],
@@ -319,7 +353,7 @@ class Search:
         )
         if not ranked:
             return []
-        top = [c for c in ranked if self.values[c] >= 0.85 * self.values[ranked[0]]][
+        top = [c for c in ranked if self.values[c] >= 0.7 * self.values[ranked[0]]][
             : self.settings.finalists
         ]
         at_user_bs = [c for c in ranked if c.batch_size == self.baseline.batch_size][:1]
