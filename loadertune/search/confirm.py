@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from loadertune.config import Config
 from loadertune.trials import TrialResult
+
+SIMPLER_WITHIN = 0.02  # a simpler setting this close to the best median wins
 
 
 def interleaved(configs: Sequence[Config], rounds: int) -> list[Config]:
@@ -46,8 +48,22 @@ class Confirmation:
 
     @property
     def winner(self) -> Config | None:
+        """The highest median; within 2% of it, the simplest setting (the baseline, then fewer
+        workers, then the baseline's batch size): noise does not pick the luckier sample."""
         ranked = [c for c in self.values if self.values[c]]
-        return max(ranked, key=lambda c: self.median(c) or 0.0) if ranked else None
+        if not ranked:
+            return None
+        best = max(self.median(c) or 0.0 for c in ranked)
+        close = [c for c in ranked if (self.median(c) or 0.0) >= (1 - SIMPLER_WITHIN) * best]
+        return min(close, key=self._complexity)
+
+    def _complexity(self, config: Config) -> tuple[int, int, int, float]:
+        return (
+            config != self.baseline,
+            config.num_workers,
+            config.batch_size != self.baseline.batch_size,
+            -(self.median(config) or 0.0),
+        )
 
     def _sub_window_rates(self, config: Config) -> list[float]:
         return [
@@ -96,12 +112,18 @@ def confirm(
     deadline: float,
     trial_wall_s: float,
     measure_first: bool = False,
+    prior: Mapping[Config, Sequence[float]] | None = None,
 ) -> Confirmation:
     """Measure ``finalists`` and ``baseline`` in ``rounds`` interleaved rounds (fewer if the
     deadline, a ``time.monotonic()`` value, comes first). ``run`` measures one setting.
-    ``measure_first``: the first finalist is measured even past the deadline."""
+    ``measure_first``: the first finalist is measured even past the deadline. ``prior``: rates
+    measured earlier in this run (the exploration's), pooled with the rounds: more samples per
+    setting, so one unlucky round decides less."""
     configs = list(dict.fromkeys([*finalists, baseline]))
     outcome = Confirmation(baseline=baseline)
+    for config in configs:
+        if prior and prior.get(config):
+            outcome.values[config] = list(prior[config])
     for i, config in enumerate(interleaved(configs, rounds)):
         if (i > 0 or not measure_first) and time.monotonic() + trial_wall_s > deadline:
             break

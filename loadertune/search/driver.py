@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import statistics
 import time
@@ -29,6 +30,7 @@ from loadertune.search.study import Previous, StudyLog, quiet_optuna
 from loadertune.trials import Limits, TrialResult, TrialRunner, window_for
 
 MIN_EXPLORED = 3  # search trials that run before any time is kept for the confirmation
+CLIMB_BLOCKED = 0.10  # the best setting waits this much for data: try it with more workers
 
 
 class Search:
@@ -62,13 +64,17 @@ class Search:
         self.observer = observer
         self.storage = settings.storage or default_storage()
         self.trials: list[TrialResult] = []
-        self.values: dict[Config, float] = {}
+        self.values: dict[Config, float] = {}  # best rate per setting, earlier runs included
+        self.samples: dict[Config, list[float]] = {}  # every full rate measured in this run
         self.frontier = Frontier(margin=settings.memory_margin)
         self.best: TrialResult | None = None
         self._best_value = 0.0
         self._since_gain = 0
         self._n_run = 0
         self._n_explored = 0  # search-phase trials run (not probe, baseline or confirmation)
+        self._climbed: set[Config] = set()  # settings the climb planned
+        self._plan: list[Config] = []  # settings to run next, first first (then Optuna's)
+        self._blocked: dict[Config, float] = {}  # blocked fraction of each setting's last run
         self._deadline = 0.0
         self._memory_budget: int | None = None
 
@@ -114,11 +120,9 @@ class Search:
         )
 
     def _prune_rule(self, index: int, running: float) -> bool:
-        return (
-            index >= 1
-            and self.best is not None
-            and running < self.settings.prune_ratio * self._best_value
-        )
+        """Stop a trial clearly below the best so far. "The best" is the median of the three
+        best settings' rates: one lucky measurement must not prune everything after it."""
+        return index >= 1 and running < self.settings.prune_ratio * self._robust_best()
 
     def _measure(self, config: Config | None, phase: str, *, prunable: bool = False) -> TrialResult:
         """Run one trial (``config=None``: the workload's own settings) and learn from it."""
@@ -160,13 +164,23 @@ class Search:
         if value is None or result.pruned or result.phase == "confirm":
             self._since_gain += result.phase != "confirm"
             return
+        # A gain beats the robust best (the median of the three best), not one lucky figure.
+        bar = self._robust_best()
         self.values[result.config] = max(value, self.values.get(result.config, 0.0))
-        if value > self._best_value * (1 + self.settings.min_gain):
+        self.samples.setdefault(result.config, []).append(value)
+        if result.measurement is not None and result.phase == "search":
+            self._blocked[result.config] = result.measurement.blocked_fraction
+        if value > bar * (1 + self.settings.min_gain):
             self._since_gain = 0
         else:
             self._since_gain += 1
         if value > self._best_value:
             self.best, self._best_value = result, value
+
+    def _robust_best(self) -> float:
+        """The median rate of the three best settings so far (0 before any)."""
+        top = sorted(self.values.values(), reverse=True)[:3]
+        return statistics.median(top) if top else 0.0
 
     # -- phases ----------------------------------------------------------------------------------
 
@@ -277,12 +291,13 @@ class Search:
                 verified = True  # once, as soon as two batch sizes have run: verify the largest
                 size = self.frontier.largest_safe_batch(list(space.batch_sizes))
                 if self.best and size and not any(c.batch_size == size for c in self.values):
-                    log.enqueue(
-                        space.nearest(dataclasses.replace(self.best.config, batch_size=size))
+                    self._plan.insert(
+                        0, space.nearest(dataclasses.replace(self.best.config, batch_size=size))
                     )
             wider = self._widen(log, space)
             if wider is not space:
                 space, space_size = wider, len(wider.configs())
+            self._climb(log, space)
             reason = self._stop_reason(
                 space_size, len(space.batch_sizes), est, self._confirm_cost()
             )
@@ -290,6 +305,7 @@ class Search:
                 return reason, space
             if idle >= 50:
                 return "no_new_proposals", space
+            self._next_planned(log, space)
             config = log.ask(space)
             skip = space.rejects(config) or self.frontier.rules_out(config)
             if skip is not None:
@@ -304,6 +320,45 @@ class Search:
             idle = 0
             log.tell(self._measure(config, "search", prunable=True))
 
+    def _next_planned(self, log: StudyLog, space: SearchSpace) -> None:
+        """Hand Optuna the first planned setting still worth running (it is asked next); with
+        none planned, Optuna's sampler proposes. The plan is ours, not Optuna's queue, so that
+        what the last result asks for (a climb, a wider range) goes before the remaining seeds."""
+        while self._plan:
+            config = self._plan.pop(0)
+            if (
+                config not in self.values
+                and space.rejects(config) is None
+                and self.frontier.rules_out(config) is None
+            ):
+                log.enqueue(config)
+                return
+
+    def _climb(self, log: StudyLog, space: SearchSpace) -> None:
+        """The barrel principle, one step: when one of the two best settings so far still waits
+        for data, its loader is the bottleneck, so try it with the workers that would feed its
+        loop: ``w / (1 - blocked)`` and at least one more (the step's rate at its batch size is
+        what they must reach, and the probe, at the user's batch size, cannot predict it)."""
+        explored = [c for c in self.values if c in self._blocked]  # the search's own trials
+        for best in sorted(explored, key=lambda c: self.values[c], reverse=True)[:2]:
+            blocked = self._blocked[best]
+            if blocked < CLIMB_BLOCKED or best.num_workers >= space.max_workers:
+                continue
+            w = best.num_workers
+            wanted = max(w + 1, math.ceil(w / (1 - min(blocked, 0.9))))
+            config = space.nearest(
+                dataclasses.replace(
+                    best,
+                    num_workers=min(space.max_workers, wanted),
+                    prefetch_factor=best.prefetch_factor or 2,
+                    persistent_workers=best.persistent_workers and w > 0,
+                )
+            )
+            if config not in self._climbed and config not in self.values:
+                self._climbed.add(config)
+                if self.frontier.rules_out(config) is None:
+                    self._plan.insert(0, config)
+
     def _widen(self, log: StudyLog, space: SearchSpace) -> SearchSpace:
         """No rule of thumb caps the workers: when the best sits at the edge of the range and
         only the CPU rule set that edge, double the range and try past the edge next."""
@@ -312,13 +367,14 @@ class Search:
         best = self.best.config
         wider = widened(space, best_workers=best.num_workers)
         if wider is not space:
-            for w in (min(wider.max_workers, 2 * best.num_workers), wider.max_workers):
-                log.enqueue(
+            for w in (wider.max_workers, min(wider.max_workers, 2 * best.num_workers)):
+                self._plan.insert(
+                    0,
                     wider.nearest(
                         dataclasses.replace(
                             best, num_workers=w, prefetch_factor=best.prefetch_factor or 2
                         )
-                    )
+                    ),
                 )
             self._since_gain = 0  # a new region: patience starts again
         return wider
@@ -387,6 +443,7 @@ class Search:
             deadline=self._deadline,
             trial_wall_s=wall,
             measure_first=unmeasured,
+            prior=self.samples,
         )
 
     # -- the whole search --------------------------------------------------------------------------
@@ -491,7 +548,7 @@ class Search:
         )
         for seed in seeds:
             if seed not in self.values:
-                log.enqueue(seed)
+                self._plan.append(seed)
         return self._explore(log, space, est)
 
     def _run(self, log: StudyLog, t0: float) -> SearchOutcome:
