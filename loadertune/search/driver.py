@@ -31,6 +31,7 @@ from loadertune.trials import Limits, TrialResult, TrialRunner, window_for
 
 MIN_EXPLORED = 3  # search trials that run before any time is kept for the confirmation
 CLIMB_BLOCKED = 0.10  # the best setting waits this much for data: try it with more workers
+CLIMB_WITHIN = 0.6  # ... if it reaches this share of the best rate
 
 
 class Search:
@@ -335,14 +336,24 @@ class Search:
                 return
 
     def _climb(self, log: StudyLog, space: SearchSpace) -> None:
-        """The barrel principle, one step: when one of the two best settings so far still waits
-        for data, its loader is the bottleneck, so try it with the workers that would feed its
-        loop: ``w / (1 - blocked)`` and at least one more (the step's rate at its batch size is
-        what they must reach, and the probe, at the user's batch size, cannot predict it)."""
+        """The barrel principle, one step: when the best explored setting of a batch size still
+        waits for data, its loader is the bottleneck, so try it with the workers that would
+        feed its loop: ``w / (1 - blocked)`` and at least one more. The step's rate at that
+        batch size is what they must reach; the probe, at the user's batch size, cannot predict
+        it. Batch sizes far behind the best (under 60% of it) are left to the sampler."""
         explored = [c for c in self.values if c in self._blocked]  # the search's own trials
-        for best in sorted(explored, key=lambda c: self.values[c], reverse=True)[:2]:
+        by_size: dict[int, Config] = {}
+        for c in sorted(explored, key=lambda c: self.values[c], reverse=True):
+            by_size.setdefault(c.batch_size, c)
+        top = max((self.values[c] for c in by_size.values()), default=0.0)
+        climbs = []
+        for best in by_size.values():
             blocked = self._blocked[best]
-            if blocked < CLIMB_BLOCKED or best.num_workers >= space.max_workers:
+            if (
+                blocked < CLIMB_BLOCKED
+                or best.num_workers >= space.max_workers
+                or self.values[best] < CLIMB_WITHIN * top
+            ):
                 continue
             w = best.num_workers
             wanted = max(w + 1, math.ceil(w / (1 - min(blocked, 0.9))))
@@ -357,7 +368,8 @@ class Search:
             if config not in self._climbed and config not in self.values:
                 self._climbed.add(config)
                 if self.frontier.rules_out(config) is None:
-                    self._plan.insert(0, config)
+                    climbs.append(config)
+        self._plan[:0] = climbs  # best first, ahead of the seeds
 
     def _widen(self, log: StudyLog, space: SearchSpace) -> SearchSpace:
         """No rule of thumb caps the workers: when the best sits at the edge of the range and
