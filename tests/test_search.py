@@ -505,3 +505,31 @@ def test_the_worker_range_widens_when_the_best_sits_at_its_edge(tmp_path, hw) ->
     first_cap = outcome.space.limits.get("cpu")
     assert outcome.space.max_workers > 60, outcome.space
     assert outcome.values[outcome.winner] >= 0.95 * 12000, (outcome.winner, first_cap)
+
+
+def test_the_best_of_each_batch_size_that_waits_for_data_climbs(tmp_path, hw) -> None:
+    """w / (1 - blocked) workers: 4 workers blocked half the time call for 8; a batch size far
+    behind the best, or one that never waits, is left to the sampler."""
+    from loadertune.search.space import SearchSpace
+
+    search = Search(
+        FakeRunner(io_landscape),
+        hardware=hw,
+        baseline=Config(32),
+        batch_sizes=[32, 64, 128],
+        settings=settings(tmp_path),
+    )
+    space = SearchSpace(batch_sizes=(32, 64, 128), max_workers=16, limits={"cpu": 16})
+    measured = {
+        Config(32, 4, 2): (1000.0, 0.5),  # the best, waiting half the time
+        Config(32, 2, 2): (600.0, 0.6),  # not its batch size's best
+        Config(64, 3, 2): (900.0, 0.0),  # never waits: its step is the limit
+        Config(128, 2, 2): (500.0, 0.5),  # under 60% of the best
+    }
+    for config, (value, blocked) in measured.items():
+        search.values[config] = value
+        search._blocked[config] = blocked
+    search._climb(space)
+    assert search._plan == [Config(32, 8, 2)]
+    search._climb(space)
+    assert search._plan == [Config(32, 8, 2)]  # planned once

@@ -295,10 +295,10 @@ class Search:
                     self._plan.insert(
                         0, space.nearest(dataclasses.replace(self.best.config, batch_size=size))
                     )
-            wider = self._widen(log, space)
+            wider = self._widen(space)
             if wider is not space:
                 space, space_size = wider, len(wider.configs())
-            self._climb(log, space)
+            self._climb(space)
             reason = self._stop_reason(
                 space_size, len(space.batch_sizes), est, self._confirm_cost()
             )
@@ -335,7 +335,7 @@ class Search:
                 log.enqueue(config)
                 return
 
-    def _climb(self, log: StudyLog, space: SearchSpace) -> None:
+    def _climb(self, space: SearchSpace) -> None:
         """The barrel principle, one step: when the best explored setting of a batch size still
         waits for data, its loader is the bottleneck, so try it with the workers that would
         feed its loop: ``w / (1 - blocked)`` and at least one more. The step's rate at that
@@ -371,7 +371,7 @@ class Search:
                     climbs.append(config)
         self._plan[:0] = climbs  # best first, ahead of the seeds
 
-    def _widen(self, log: StudyLog, space: SearchSpace) -> SearchSpace:
+    def _widen(self, space: SearchSpace) -> SearchSpace:
         """No rule of thumb caps the workers: when the best sits at the edge of the range and
         only the CPU rule set that edge, double the range and try past the edge next."""
         if self.best is None:
