@@ -17,12 +17,12 @@ from loadertune.search import memory
 from loadertune.search.probe import Estimates
 from loadertune.search.stop import bottleneck
 from loadertune.trials import TrialResult
+from loadertune.units import GIB, MIB
 
 if TYPE_CHECKING:
     from loadertune.search import SearchOutcome
 
-COPY_ON_READ_BYTES_PER_S = 4 * memory.MIB  # a worker's private memory rising faster than this
-MIB, GIB = memory.MIB, 2**30
+COPY_ON_READ_BYTES_PER_S = 4 * MIB  # a worker's private memory rising faster than this
 
 
 def _median(values: list[float | None]) -> float | None:

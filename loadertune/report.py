@@ -17,11 +17,10 @@ from rich.text import Text
 
 from loadertune.config import Config
 from loadertune.trials import TrialResult
+from loadertune.units import MIB
 
 if TYPE_CHECKING:
     from loadertune.recommendation import Recommendation
-
-MIB = 2**20
 
 
 def plain_console(*, stderr: bool = False) -> Console:

@@ -164,7 +164,10 @@ def test_a_sleep_bound_loader_is_input_bound_and_below_its_ceiling() -> None:
     d = rec.diagnosis
     assert d["baseline"]["bottleneck"] == "input"
     assert d["ceilings"]["io_bound_loading"] is True
-    assert d["ceilings"]["limiting_stage"] == "loader"
+    # the wait, not a rule, sets the worker range: with enough workers to cover a 1 ms wait,
+    # the loader outruns what the 2 CPUs can hand over, so either may be the limiting stage
+    assert d["ceilings"]["limiting_stage"] in ("loader", "cpu")
+    assert d["ceilings"]["workers_needed"] > 2 * rec.hardware.usable_cpus
     # the measured winner may not beat the estimated achievable rate by more than the noise
     assert rec.samples_per_s <= 1.15 * d["ceiling_samples_per_s"]
     assert any("waits on I/O" in a for a in d["advice"])

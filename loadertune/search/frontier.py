@@ -13,6 +13,7 @@ from loadertune.measure.failures import RESOURCE_KINDS
 from loadertune.search import memory
 from loadertune.search.memory import MemoryModel
 from loadertune.trials import TrialResult
+from loadertune.units import MIB
 
 
 def dominated(config: Config, failed: Config, kind: str) -> bool:
@@ -90,8 +91,8 @@ class Frontier:
             return None
         return (
             f"batch_size {config.batch_size} is predicted to need "
-            f"{model.predict(config.batch_size) / memory.MIB:,.0f} MiB of GPU memory; "
-            f"{(1 - self.margin) * capacity / memory.MIB:,.0f} MiB may be used"
+            f"{model.predict(config.batch_size) / MIB:,.0f} MiB of GPU memory; "
+            f"{(1 - self.margin) * capacity / MIB:,.0f} MiB may be used"
         )
 
     def largest_safe_batch(self, candidates: list[int]) -> int | None:

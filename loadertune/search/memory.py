@@ -15,7 +15,7 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
 
-MIB = 2**20
+from loadertune.units import MIB
 
 
 @dataclass(frozen=True)

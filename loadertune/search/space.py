@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, field
 
 from loadertune.config import Config
+from loadertune.units import MIB
 
 DEFAULT_PREFETCH_FACTORS = (1, 2, 4, 8)
 MAX_WORKERS_HARD = 256
@@ -72,8 +73,8 @@ class SearchSpace:
             and in_flight > self.max_in_flight_bytes
         ):
             return (
-                f"{config.in_flight_batches} batches in flight need {in_flight / 2**20:.0f} MiB, "
-                f"over the {self.max_in_flight_bytes / 2**20:.0f} MiB shared-memory budget"
+                f"{config.in_flight_batches} batches in flight need {in_flight / MIB:.0f} MiB, "
+                f"over the {self.max_in_flight_bytes / MIB:.0f} MiB shared-memory budget"
             )
         return None
 
