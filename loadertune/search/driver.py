@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import statistics
 import time
@@ -13,6 +12,7 @@ from loadertune.config import Config
 from loadertune.errors import LoadertuneError, SearchInterrupted, UserCodeError
 from loadertune.hardware import Hardware
 from loadertune.measure.resources import tree_pss
+from loadertune.search import plan
 from loadertune.search.confirm import Confirmation, confirm
 from loadertune.search.frontier import Frontier
 from loadertune.search.outcome import Observer, SearchOutcome
@@ -30,8 +30,6 @@ from loadertune.search.study import Previous, StudyLog, quiet_optuna
 from loadertune.trials import Limits, TrialResult, TrialRunner, window_for
 
 MIN_EXPLORED = 3  # search trials that run before any time is kept for the confirmation
-CLIMB_BLOCKED = 0.10  # the best setting waits this much for data: try it with more workers
-CLIMB_WITHIN = 0.6  # ... if it reaches this share of the best rate
 
 
 class Search:
@@ -179,9 +177,7 @@ class Search:
             self.best, self._best_value = result, value
 
     def _robust_best(self) -> float:
-        """The median rate of the three best settings so far (0 before any)."""
-        top = sorted(self.values.values(), reverse=True)[:3]
-        return statistics.median(top) if top else 0.0
+        return plan.robust_best(self.values)
 
     # -- phases ----------------------------------------------------------------------------------
 
@@ -336,40 +332,14 @@ class Search:
                 return
 
     def _climb(self, space: SearchSpace) -> None:
-        """The barrel principle, one step: when the best explored setting of a batch size still
-        waits for data, its loader is the bottleneck, so try it with the workers that would
-        feed its loop: ``w / (1 - blocked)`` and at least one more. The step's rate at that
-        batch size is what they must reach; the probe, at the user's batch size, cannot predict
-        it. Batch sizes far behind the best (under 60% of it) are left to the sampler."""
-        explored = [c for c in self.values if c in self._blocked]  # the search's own trials
-        by_size: dict[int, Config] = {}
-        for c in sorted(explored, key=lambda c: self.values[c], reverse=True):
-            by_size.setdefault(c.batch_size, c)
-        top = max((self.values[c] for c in by_size.values()), default=0.0)
-        climbs = []
-        for best in by_size.values():
-            blocked = self._blocked[best]
-            if (
-                blocked < CLIMB_BLOCKED
-                or best.num_workers >= space.max_workers
-                or self.values[best] < CLIMB_WITHIN * top
-            ):
-                continue
-            w = best.num_workers
-            wanted = max(w + 1, math.ceil(w / (1 - min(blocked, 0.9))))
-            config = space.nearest(
-                dataclasses.replace(
-                    best,
-                    num_workers=min(space.max_workers, wanted),
-                    prefetch_factor=best.prefetch_factor or 2,
-                    persistent_workers=best.persistent_workers and w > 0,
-                )
-            )
-            if config not in self._climbed and config not in self.values:
-                self._climbed.add(config)
-                if self.frontier.rules_out(config) is None:
-                    climbs.append(config)
-        self._plan[:0] = climbs  # best first, ahead of the seeds
+        """Plan the climbs (see :func:`plan.climbs`) ahead of the remaining seeds, each once."""
+
+        def skip(config: Config) -> bool:
+            seen = config in self._climbed or config in self.values
+            self._climbed.add(config)
+            return seen or self.frontier.rules_out(config) is not None
+
+        self._plan[:0] = plan.climbs(self.values, self._blocked, space, skip=skip)
 
     def _widen(self, space: SearchSpace) -> SearchSpace:
         """No rule of thumb caps the workers: when the best sits at the edge of the range and
@@ -379,15 +349,7 @@ class Search:
         best = self.best.config
         wider = widened(space, best_workers=best.num_workers)
         if wider is not space:
-            for w in (wider.max_workers, min(wider.max_workers, 2 * best.num_workers)):
-                self._plan.insert(
-                    0,
-                    wider.nearest(
-                        dataclasses.replace(
-                            best, num_workers=w, prefetch_factor=best.prefetch_factor or 2
-                        )
-                    ),
-                )
+            self._plan[:0] = plan.past_the_edge(best, wider)
             self._since_gain = 0  # a new region: patience starts again
         return wider
 
@@ -412,20 +374,12 @@ class Search:
         return min(0.35 * self.settings.budget_s, cost)
 
     def _finalists(self) -> list[Config]:
-        """The search's best few (within 70% of the best: a single unlucky measurement does not
-        shut a setting out), and the best at the user's batch size."""
-        ranked = sorted(
-            (c for c in self.values if self.frontier.may_win(c)),
-            key=lambda c: self.values[c],
-            reverse=True,
+        return plan.finalists(
+            self.values,
+            n=self.settings.finalists,
+            user_batch_size=self.baseline.batch_size,
+            may_win=self.frontier.may_win,
         )
-        if not ranked:
-            return []
-        top = [c for c in ranked if self.values[c] >= 0.7 * self.values[ranked[0]]][
-            : self.settings.finalists
-        ]
-        at_user_bs = [c for c in ranked if c.batch_size == self.baseline.batch_size][:1]
-        return list(dict.fromkeys([*top, *at_user_bs]))
 
     def _confirm(
         self, log: StudyLog, space: SearchSpace, *, baseline_only: bool = False

@@ -1,0 +1,101 @@
+"""What to measure next, and what to re-measure at the end: the search's rules as functions of
+what it has measured (no clock, no Optuna), so each can be read and tested alone.
+
+- :func:`robust_best`: the bar a gain, a prune or patience is measured against.
+- :func:`climbs`: the barrel principle, one step (a best that waits for data gets workers).
+- :func:`past_the_edge`: the settings to try when the worker range was widened.
+- :func:`finalists`: the few re-measured side by side with the baseline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Callable, Mapping
+
+from loadertune.config import Config
+from loadertune.search.space import SearchSpace
+
+CLIMB_BLOCKED = 0.10  # the best setting waits this much for data: try it with more workers
+CLIMB_WITHIN = 0.6  # ... if it reaches this share of the best rate
+FINALIST_WITHIN = 0.7  # finalists reach this share of the best (one unlucky figure is not out)
+
+
+def robust_best(values: Mapping[Config, float]) -> float:
+    """The median rate of the three best settings (0 before any): one lucky figure must not
+    prune everything after it, or stall the search as "no improvement"."""
+    top = sorted(values.values(), reverse=True)[:3]
+    return statistics.median(top) if top else 0.0
+
+
+def _with_workers(space: SearchSpace, config: Config, workers: int) -> Config:
+    return space.nearest(
+        dataclasses.replace(
+            config,
+            num_workers=min(space.max_workers, workers),
+            prefetch_factor=config.prefetch_factor or 2,
+            persistent_workers=config.persistent_workers and config.num_workers > 0,
+        )
+    )
+
+
+def climbs(
+    values: Mapping[Config, float],
+    blocked: Mapping[Config, float],
+    space: SearchSpace,
+    *,
+    skip: Callable[[Config], bool],
+) -> list[Config]:
+    """The barrel principle, one step: when the best explored setting of a batch size still
+    waits for data (``blocked``: the explored settings' blocked fractions), its loader is the
+    bottleneck, so try it with the workers that would feed its loop: ``w / (1 - blocked)``
+    and at least one more. The step's rate at that batch size is what they must reach; the
+    probe, at the user's batch size, cannot predict it. Batch sizes far behind the best are left
+    to the sampler. Best first; ``skip`` drops settings already run, planned or ruled out."""
+    by_size: dict[int, Config] = {}
+    for c in sorted(blocked, key=lambda c: values[c], reverse=True):
+        by_size.setdefault(c.batch_size, c)
+    top = max((values[c] for c in by_size.values()), default=0.0)
+    out = []
+    for best in by_size.values():
+        waits = blocked[best]
+        if (
+            waits < CLIMB_BLOCKED
+            or best.num_workers >= space.max_workers
+            or values[best] < CLIMB_WITHIN * top
+        ):
+            continue
+        w = best.num_workers
+        config = _with_workers(space, best, max(w + 1, math.ceil(w / (1 - min(waits, 0.9)))))
+        if not skip(config):
+            out.append(config)
+    return out
+
+
+def past_the_edge(best: Config, wider: SearchSpace) -> list[Config]:
+    """After the worker range was widened around ``best``: the new edge, then twice ``best``'s
+    workers (the downturn lies between)."""
+    return list(
+        dict.fromkeys(
+            _with_workers(wider, best, w)
+            for w in (wider.max_workers, min(wider.max_workers, 2 * best.num_workers))
+        )
+    )
+
+
+def finalists(
+    values: Mapping[Config, float],
+    *,
+    n: int,
+    user_batch_size: int,
+    may_win: Callable[[Config], bool],
+) -> list[Config]:
+    """The best ``n`` settings within :data:`FINALIST_WITHIN` of the best, and the best at the
+    user's batch size."""
+    ranked = sorted((c for c in values if may_win(c)), key=lambda c: values[c], reverse=True)
+    if not ranked:
+        return []
+    top = [c for c in ranked if values[c] >= FINALIST_WITHIN * values[ranked[0]]][:n]
+    at_user_bs = [c for c in ranked if c.batch_size == user_batch_size][:1]
+    return list(dict.fromkeys([*top, *at_user_bs]))
