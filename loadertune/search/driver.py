@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import statistics
 import time
 from collections.abc import Sequence
 
@@ -15,6 +14,7 @@ from loadertune.measure.resources import tree_pss
 from loadertune.search import plan
 from loadertune.search.confirm import Confirmation, confirm
 from loadertune.search.frontier import Frontier
+from loadertune.search.limits import limits_for, typical_wall
 from loadertune.search.outcome import Observer, SearchOutcome
 from loadertune.search.probe import (
     IO_BOUND_CPU_FRACTION,
@@ -93,28 +93,13 @@ class Search:
         return self._deadline - time.monotonic()
 
     def _typical_wall(self) -> float:
-        walls = [t.wall_s for t in self.trials if t.ok and t.phase != "replay"]
-        return statistics.median(walls) if walls else self.settings.trial_window_s + 1.0
+        return typical_wall(self.trials, default_s=self.settings.trial_window_s + 1.0)
 
     def _limits(self) -> Limits:
-        ok = [t for t in self.trials if t.ok and t.measurement and t.measurement.n_batches]
-        if ok:
-            per_batch = max(
-                t.measurement.window_s / t.measurement.n_batches for t in ok if t.measurement
-            )
-            startup = max(t.wall_s for t in ok)
-            hang = max(5.0, 20 * per_batch)
-            start = min(self.settings.startup_timeout_s, max(15.0, 4 * startup))
-        else:  # nothing known yet: scripts import, CUDA initialises
-            hang, start = 15.0, self.settings.startup_timeout_s
-        # What the workload needs, never what is left of the budget: the budget decides whether
-        # a trial starts, not how long it may take (a cut limit turns our budget into the
-        # user's "timeout" or "no loader" error).
-        timeout = 4 * self._typical_wall() + start
-        return Limits(
-            timeout_s=timeout,
-            startup_s=min(start, timeout),
-            hang_s=hang,
+        return limits_for(
+            self.trials,
+            startup_timeout_s=self.settings.startup_timeout_s,
+            default_wall_s=self.settings.trial_window_s + 1.0,
             memory_budget_bytes=self._memory_budget,
         )
 

@@ -1,0 +1,48 @@
+"""How long a trial may take: learned from the trials so far, never cut to the budget left.
+
+The budget decides whether a trial starts (the driver's stop rules); a limit cut to what is
+left of it would turn the tuner's own budget into the user's "timeout" or "no loader" error.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+from loadertune.trials import Limits, TrialResult
+
+UNKNOWN_HANG_S = 15.0  # before any trial: scripts import, CUDA initialises
+
+
+def typical_wall(trials: Sequence[TrialResult], *, default_s: float) -> float:
+    """The median wall time of the successful trials (replays left out: they skip loading)."""
+    walls = [t.wall_s for t in trials if t.ok and t.phase != "replay"]
+    return statistics.median(walls) if walls else default_s
+
+
+def limits_for(
+    trials: Sequence[TrialResult],
+    *,
+    startup_timeout_s: float,
+    default_wall_s: float,
+    memory_budget_bytes: int | None,
+) -> Limits:
+    """Limits from what the workload showed: start-up up to 4 times the slowest trial seen (at
+    least 15 s, at most ``startup_timeout_s``), a hang at 20 times the slowest batch (at least
+    5 s), and the whole trial at 4 typical trials plus that start-up."""
+    ok = [t for t in trials if t.ok and t.measurement and t.measurement.n_batches]
+    if ok:
+        per_batch = max(
+            t.measurement.window_s / t.measurement.n_batches for t in ok if t.measurement
+        )
+        hang = max(5.0, 20 * per_batch)
+        start = min(startup_timeout_s, max(15.0, 4 * max(t.wall_s for t in ok)))
+    else:
+        hang, start = UNKNOWN_HANG_S, startup_timeout_s
+    timeout = 4 * typical_wall(trials, default_s=default_wall_s) + start
+    return Limits(
+        timeout_s=timeout,
+        startup_s=min(start, timeout),
+        hang_s=hang,
+        memory_budget_bytes=memory_budget_bytes,
+    )
