@@ -382,13 +382,14 @@ def test_every_trial_failing_is_an_error(tmp_path, hw) -> None:
     def rate(config: Config) -> float:
         return 100.0
 
-    # w=0 works (so the probe can run) but the baseline (w=2) fails: the winner is w=0.
+    # w=0 works (so the probe can run) but the baseline (w=2) fails: the winner is w=0. The
+    # search ends by patience; the budget is large so that a loaded machine cannot end it first.
     outcome = Search(
         FakeRunner(rate, fail=fail),
         hardware=hw,
         baseline=Config(32, 2, 2),
         batch_sizes=[32],
-        settings=settings(tmp_path, budget_s=5),
+        settings=settings(tmp_path, budget_s=60, patience=4),
     ).run()
     assert outcome.winner == Config(32)
     assert outcome.confirmation is not None and outcome.confirmation.clearly_better
