@@ -7,6 +7,7 @@ Exit codes: 0 success, 1 a loadertune error (with a message), 2 a usage error (c
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import signal
 import sys
@@ -206,6 +207,7 @@ def search(
         )
         if not force:
             store.read(out)  # an unreadable file is reported now, not after the search
+        store.check_writable(out)  # so are a read-only file and a folder that cannot be written
         with LiveView(_err) as view, _sigterm_as_interrupt():
             rec = api.tune_script(
                 script,
@@ -321,4 +323,6 @@ def hardware_cmd(as_json: bool) -> None:
 
 
 def main() -> None:
+    # `kill -USR1 PID` prints where every thread of a search is (for a search that seems stuck).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     cli(prog_name="loadertune")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -10,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from loadertune import hardware, store
@@ -246,6 +248,19 @@ def _start_and_wait(args: list[str], study_name: str, n_complete: int = 3) -> su
     return proc
 
 
+def _communicate_or_dump(proc: subprocess.Popen[str], timeout: float) -> str:
+    """The CLI's stderr once it exits; past ``timeout``, its threads' stacks (SIGUSR1 makes it
+    print them) in the failure message, so a hang says where it is."""
+    try:
+        return proc.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        proc.kill()
+        err = proc.communicate()[1]
+        raise AssertionError(f"the CLI did not exit within {timeout} s:\n{err[-6000:]}") from None
+
+
 @pytest.mark.slow
 def test_ctrl_c_keeps_the_study_and_the_file_and_resumes(tmp_path: Path) -> None:
     out = tmp_path / "rec.json"
@@ -264,7 +279,7 @@ def test_ctrl_c_keeps_the_study_and_the_file_and_resumes(tmp_path: Path) -> None
     ]
     proc = _start_and_wait(args, "ctrl-c")
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=30)
+    err = _communicate_or_dump(proc, timeout=30)
     assert proc.returncode == 130, err[-2000:]
     assert "interrupted" in err and "run the same command again" in err
     assert not out.exists()  # the recommendation file is left as it was
@@ -301,3 +316,52 @@ def test_sigterm_saves_the_best_so_far_when_asked(tmp_path: Path) -> None:
     assert machines["another-box"]["loader_kwargs"]["num_workers"] == 8  # still there
     mine = machines[hardware.current_key()]
     assert mine["partial"] is True and mine["loader_kwargs"]["batch_size"] == 16
+
+
+def _carrying(name: str, value: str) -> list[psutil.Process]:
+    """Live processes with ``name=value`` in their environment."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get(name) == value and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("context", ["", "spawn", "forkserver"])
+def test_workers_die_with_a_sigkilled_cli(context: str, tmp_path: Path) -> None:
+    """kill -9 on `loadertune search` (an OOM killer, a CI timeout) while the trial's workers are
+    stuck in __getitem__: the trial process dies with the CLI, and its workers with it, under
+    every start method (multiprocessing's helpers then end too); the script's own
+    worker_init_fn still ran."""
+    pids_dir = tmp_path / "pids"
+    pids_dir.mkdir()
+    args = ["search", str(SCRIPTS / "stuck_workers.py"), "--out", str(tmp_path / "rec.json")]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loadertune", *args, "--budget", "120", "--fresh"],
+        env={**os.environ, "STUCK_PIDS_DIR": str(pids_dir), "STUCK_CONTEXT": context},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(pids_dir.iterdir())) < 2 and time.monotonic() < deadline:
+            assert proc.poll() is None, "the search ended before its workers got stuck"
+            time.sleep(0.1)
+        assert sorted(p.read_text() for p in pids_dir.iterdir()) == ["0", "1"]  # worker ids
+        workers = {int(p.name) for p in pids_dir.iterdir()}
+        assert workers <= {p.pid for p in _carrying("STUCK_PIDS_DIR", str(pids_dir))}
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 3  # torch's own check of a stuck worker's parent never runs
+    while (left := _carrying("STUCK_PIDS_DIR", str(pids_dir))) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for p in left:  # clean up before failing
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    assert not {p.pid for p in left} & workers, "DataLoader workers outlived the SIGKILLed CLI"
+    assert not left, f"processes outlived the SIGKILLed CLI: {[p.cmdline() for p in left]}"
