@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import multiprocessing
 import os
@@ -208,3 +209,49 @@ def test_many_workers_dying_at_once_never_escape_the_trial() -> None:
     for _ in range(8):
         result = run(runner, Config(8, 4, 2))
         assert result.error in ("worker_killed", "worker_crashed"), result.failure
+
+
+def test_workers_die_with_a_sigkilled_tune_loader(tmp_path) -> None:
+    """A process in tune_loader SIGKILLed while its workers are stuck in __getitem__ (issue 14):
+    the workers go with it, instead of living on under init."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import psutil
+
+    scripts = Path(__file__).parent / "scripts"
+    program = (
+        f"import sys; sys.path.insert(0, {str(scripts)!r}); from stuck_workers import Stuck\n"
+        "from loadertune import tune_loader\n"
+        "tune_loader(Stuck(), batch_size=4, baseline={'num_workers': 2}, budget_s=60, "
+        "verbose=False)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", program], env={**os.environ, "STUCK_PIDS_DIR": str(tmp_path)}
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while len(os.listdir(tmp_path)) < 2 and time.monotonic() < deadline:
+            assert proc.poll() is None, "tune_loader ended before its workers got stuck"
+            time.sleep(0.1)
+        workers = [psutil.Process(int(name)) for name in os.listdir(tmp_path)]
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+    def alive() -> list[psutil.Process]:
+        out = []
+        for p in workers:
+            with contextlib.suppress(psutil.Error):
+                if p.status() != psutil.STATUS_ZOMBIE:  # a zombie is dead, not yet reaped
+                    out.append(p)
+        return out
+
+    deadline = time.monotonic() + 3
+    while (left := alive()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for p in left:
+        p.kill()
+    assert not left, "DataLoader workers outlived the SIGKILLed process"

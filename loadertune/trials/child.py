@@ -14,12 +14,10 @@ group: the script is not run to completion.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import json
 import os
 import runpy
-import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -31,8 +29,8 @@ from loadertune.config import Config
 from loadertune.measure import failures
 from loadertune.measure.meter import Measurement, Meter
 from loadertune.trials import _torch_internals as _internals
+from loadertune.trials import lifeline, messages
 from loadertune.trials import loader as dl
-from loadertune.trials import messages
 from loadertune.trials.channel import Channel
 from loadertune.trials.patch import LoaderRecord, OriginalIter, matches_site, patched
 from loadertune.trials.runner import window_for
@@ -97,6 +95,7 @@ class TrialController:
         return False
 
     def on_create(self, record: LoaderRecord, arguments: dict[str, Any]) -> dict[str, Any]:
+        arguments = lifeline.wrap_worker_init(arguments)  # every loader's workers die with us
         if self.config is None or not self._is_target(record):
             return arguments
         out = dl.apply_settings(arguments, self.config)
@@ -202,17 +201,6 @@ class TrialController:
         self.chan.send(messages.EndedMsg(t="ended", how=how, iterated=self.target is not None))
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Linux: be SIGKILLed if the search dies, so no trial outlives it."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        return
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(1)
-
-
 def _report_failure(controller: TrialController, chan: Channel, exc: BaseException) -> None:
     """Send the script's exception: where it came from, its text, its traceback."""
     meter = controller.meter
@@ -239,7 +227,7 @@ def run_as_main(script: str, args: list[str]) -> None:
 def main() -> None:
     spec = json.loads(os.environ.pop(SPEC_ENV))
     chan = Channel.from_fd(spec["fd"])
-    _die_with_parent(spec["parent_pid"])
+    lifeline.die_with_parent(spec["parent_pid"])  # and each worker: DieWithTrial
     controller = TrialController(spec, chan)
     how = "the script ended"
     with dl.quiet_worker_warning(), patched(controller):

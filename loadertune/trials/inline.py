@@ -30,6 +30,7 @@ from loadertune.errors import UserCodeError
 from loadertune.measure.failures import Failure, FailureKind, classify_exception
 from loadertune.measure.meter import Meter, WindowSpec
 from loadertune.trials import _torch_internals as _internals
+from loadertune.trials import lifeline
 from loadertune.trials import loader as dl
 from loadertune.trials.runner import BaseRunner, Limits, TrialRequest, TrialResult
 from loadertune.trials.supervisor import Supervisor
@@ -148,7 +149,8 @@ class InlineRunner(BaseRunner):
         return None
 
     def _loader(self, config: Config, limits: Limits) -> DataLoader[Any]:
-        kwargs = dl.apply_settings(self.fixed, config)
+        # the workers die with this process, even SIGKILLed (see lifeline)
+        kwargs = lifeline.wrap_worker_init(dl.apply_settings(self.fixed, config))
         if config.num_workers and not kwargs.get("timeout"):
             kwargs["timeout"] = limits.hang_s  # a hung worker becomes a clean error in next()
         return DataLoader(self.dataset, **kwargs)
