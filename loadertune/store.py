@@ -13,6 +13,10 @@
 Saving merges: the other machines' entries survive. The new document is written to a temporary
 file in the same directory, flushed to disk and renamed over the old one, all under a lock file
 (``<file>.lock``), so two searches saving at once both land and a crash never leaves half a file.
+The new file gets the old one's mode and owner (a shared 644 file stays readable to others); a
+new file gets the mode ``open()`` would give it. A read-only file (no write permission) is never
+replaced, and a folder that cannot be written is an error: :func:`check_writable` says so before
+a search starts.
 A file that does not parse, or that has an unknown schema, is an error naming the file; it is
 replaced only with ``force=True``, and then kept beside it as ``<file>.corrupt-<time>``.
 """
@@ -23,6 +27,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -78,9 +83,74 @@ def read(path: str | os.PathLike[str]) -> dict[str, Any]:
     return doc
 
 
+def _umask() -> int:
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)  # no /proc: read it the only other way (briefly process-wide)
+    os.umask(mask)
+    return mask
+
+
+def _existing_folder(folder: Path) -> Path:
+    """``folder``, or its nearest ancestor that exists (saving creates the rest)."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return folder
+
+
+def check_writable(path: str | os.PathLike[str]) -> None:
+    """Raise unless saving to ``path`` can work: the file, if it exists, is writable, and a file
+    can be created in its folder. Tried for real (a probe file), so read-only file systems and
+    folders that refuse new files are found too.
+
+    Raises:
+        RecommendationFileError: saying what is wrong and what to do.
+    """
+    path = Path(path)
+    try:
+        st: os.stat_result | None = path.stat()
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise RecommendationFileError(f"cannot use {path}: {exc.strerror or exc}") from exc
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise RecommendationFileError(f"{path} is a folder; pass a file name with --out.")
+    if st is not None and (not st.st_mode & 0o222 or not os.access(path, os.W_OK)):
+        raise RecommendationFileError(
+            f"{path} is read-only (mode {stat.S_IMODE(st.st_mode):o}), so loadertune will not "
+            f"replace it. Make it writable (chmod u+w {path}), or choose another file with --out."
+        )
+    folder = _existing_folder(path.parent)
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=folder)
+    except OSError as exc:
+        raise RecommendationFileError(
+            f"cannot create files in the folder {folder} ({exc.strerror or exc}), so {path} "
+            "cannot be saved. Choose a file in a writable folder with --out, or make this one "
+            "writable."
+        ) from exc
+    os.close(fd)
+    os.unlink(probe)
+
+
 def _write_atomic(path: Path, doc: dict[str, Any]) -> None:
+    """Replace ``path`` with ``doc``: a temporary file with the old file's mode and owner,
+    flushed, then renamed over it."""
+    try:
+        old: os.stat_result | None = path.stat()
+    except FileNotFoundError:
+        old = None
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, stat.S_IMODE(old.st_mode) if old else 0o666 & ~_umask())
+        if old is not None and (old.st_uid, old.st_gid) != (os.geteuid(), os.getegid()):
+            with contextlib.suppress(PermissionError):  # only root may give a file away
+                os.fchown(fd, old.st_uid, old.st_gid)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             json.dump(doc, fh, indent=2, sort_keys=False, default=str)
             fh.write("\n")
@@ -103,9 +173,19 @@ def save_entry(
         key: the hardware key (:attr:`loadertune.hardware.Hardware.key`).
         entry: the machine's entry (JSON-able).
         force: replace a file that cannot be read, after copying it aside.
+
+    Raises:
+        RecommendationFileError: the file cannot be read (without ``force``), is read-only, or
+            its folder cannot be written.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    check_writable(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RecommendationFileError(
+            f"cannot create the folder {path.parent}: {exc.strerror or exc}"
+        ) from exc
     lock = FileLock(f"{path}.lock", timeout=LOCK_TIMEOUT_S)
     try:
         with lock:

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -365,3 +366,42 @@ def test_workers_die_with_a_sigkilled_cli(context: str, tmp_path: Path) -> None:
             p.kill()
     assert not {p.pid for p in left} & workers, "DataLoader workers outlived the SIGKILLed CLI"
     assert not left, f"processes outlived the SIGKILLed CLI: {[p.cmdline() for p in left]}"
+
+
+def _marking_script(tmp_path: Path) -> tuple[Path, Path]:
+    """A script that leaves a mark when a trial runs it."""
+    mark = tmp_path / "a-trial-ran"
+    script = tmp_path / "marks.py"
+    script.write_text(
+        f"open({str(mark)!r}, 'w').close()\n"
+        "import torch\nfrom torch.utils.data import DataLoader\n"
+        "for _ in range(100):\n"
+        "    for x in DataLoader(torch.arange(4000.0), batch_size=16):\n"
+        "        pass\n"
+    )
+    return script, mark
+
+
+def test_a_read_only_out_file_is_refused_before_any_trial(tmp_path: Path) -> None:
+    script, mark = _marking_script(tmp_path)
+    out = tmp_path / "rec.json"
+    store.save_entry(out, "another-box", _entry(8))
+    out.chmod(0o444)
+    before = out.read_bytes()
+    proc = loadertune("search", str(script), "--out", str(out), *FAST)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert f"{out} is read-only" in proc.stderr and "chmod u+w" in proc.stderr
+    assert not mark.exists()
+    assert out.read_bytes() == before and stat.S_IMODE(out.stat().st_mode) == 0o444
+
+
+def test_an_unwritable_out_folder_is_refused_before_any_trial(tmp_path: Path) -> None:
+    """sysfs refuses new files, root included (a 555 folder would not stop root)."""
+    if not Path("/sys/kernel").is_dir():
+        pytest.skip("no sysfs")
+    script, mark = _marking_script(tmp_path)
+    proc = loadertune("search", str(script), "--out", "/sys/kernel/rec.json", *FAST)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "cannot create files in the folder /sys/kernel" in proc.stderr
+    assert "locked by another process" not in proc.stderr
+    assert not mark.exists()

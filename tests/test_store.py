@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 import subprocess
 import sys
 import textwrap
@@ -95,6 +97,75 @@ def test_save_writes_non_json_values_as_text(tmp_path: Path) -> None:
     path = tmp_path / "rec.json"
     store.save_entry(path, "k", _entry(where=tmp_path))
     assert store.read(path)["machines"]["k"]["where"] == str(tmp_path)
+
+
+# -- mode, owner, permissions (issue 14) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o664], ids=oct)
+def test_save_keeps_the_files_mode(tmp_path: Path, mode: int) -> None:
+    """A shared file stays readable to the others who read it."""
+    path = tmp_path / "rec.json"
+    store.save_entry(path, "a", _entry())
+    path.chmod(mode)
+    store.save_entry(path, "b", _entry())
+    assert stat.S_IMODE(path.stat().st_mode) == mode
+    assert set(store.read(path)["machines"]) == {"a", "b"}
+
+
+def test_a_new_file_gets_the_mode_open_would_give_it(tmp_path: Path) -> None:
+    mask = os.umask(0o027)
+    try:
+        store.save_entry(tmp_path / "rec.json", "a", _entry())
+    finally:
+        os.umask(mask)
+    assert stat.S_IMODE((tmp_path / "rec.json").stat().st_mode) == 0o640
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a file to another user")
+def test_save_keeps_the_files_owner(tmp_path: Path) -> None:
+    path = tmp_path / "rec.json"
+    store.save_entry(path, "a", _entry())
+    os.chown(path, 65534, 65534)
+    store.save_entry(path, "b", _entry())
+    assert (path.stat().st_uid, path.stat().st_gid) == (65534, 65534)
+
+
+def test_a_read_only_file_is_not_replaced(tmp_path: Path) -> None:
+    path = tmp_path / "rec.json"
+    store.save_entry(path, "a", _entry())
+    path.chmod(0o444)
+    before = path.read_bytes()
+    with pytest.raises(RecommendationFileError, match=r"is read-only"):
+        store.save_entry(path, "b", _entry())
+    assert path.read_bytes() == before
+    with pytest.raises(RecommendationFileError, match=r"is read-only \(mode 444\).*chmod u\+w"):
+        store.check_writable(path)
+
+
+def _unwritable_folders(tmp_path: Path) -> list[Path]:
+    """Folders that refuse new files, for real: sysfs always (root included), and a 555 folder
+    when not root (root may write there)."""
+    folders = [Path("/sys/kernel")] if Path("/sys/kernel").is_dir() else []
+    if os.geteuid() != 0:
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o555)
+        folders.append(locked)
+    return folders
+
+
+def test_an_unwritable_folder_is_a_clear_error_at_once(tmp_path: Path) -> None:
+    folders = _unwritable_folders(tmp_path)
+    if not folders:
+        pytest.skip("no folder here refuses new files")
+    for folder in folders:
+        for path in (folder / "rec.json", folder / "sub" / "rec.json"):
+            t0 = time.monotonic()
+            with pytest.raises(RecommendationFileError, match=r"cannot create files in the folder"):
+                store.save_entry(path, "a", _entry())
+            assert time.monotonic() - t0 < 5  # not the lock's 30 s timeout
+            with pytest.raises(RecommendationFileError, match=re.escape(str(folder))):
+                store.check_writable(path)
 
 
 # -- unreadable files -----------------------------------------------------------------------------
