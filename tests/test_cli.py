@@ -128,6 +128,21 @@ def test_script_failures_stop_at_once_with_the_cause(
     assert not (tmp_path / "rec.json").exists()
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["loop", "next"])
+def test_a_loader_that_yields_no_batches_is_named(mode: str, tmp_path: Path) -> None:
+    """drop_last=True with fewer samples than a batch: said so, not "the script ended before its
+    first batch" nor "the script raised StopIteration" with loadertune's traceback (issue 14)."""
+    proc = search("no_batches.py", tmp_path, script_args=(mode, "16"))
+    assert proc.returncode == 1
+    assert "the loader yielded no batches: drop_last=True with 10 samples < batch_size 16" in (
+        proc.stderr
+    )
+    assert "drop_last=False" in proc.stderr  # what to do
+    assert "StopIteration" not in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "rec.json").exists()
+
+
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [

@@ -123,3 +123,13 @@ def test_check_script_errors(tmp_path: Path) -> None:
 
 def test_kill_group_of_a_finished_group_is_harmless() -> None:
     assert kill_group(2**22 - 7) == 0  # no such group
+
+
+def test_a_batch_size_over_the_data_is_a_failed_setting_not_a_bug() -> None:
+    """no_batches.py has 10 samples, drop_last=True and batch_size=4: a search's batch of 16
+    yields nothing, which that setting's trial says (and the search goes on)."""
+    result = run("no_batches.py", Config(16, 0))
+    assert result.error == "no_batches", result.failure
+    assert result.failure is not None and not result.failure.user_bug
+    assert "drop_last=True with 10 samples < batch_size 16" in result.failure.message
+    assert run("no_batches.py", Config(4, 0)).ok

@@ -84,6 +84,7 @@ class TrialController:
         self.bytes_per_sample: float | None = None
         self.transfer: dict[str, float] | None = None
         self._original: OriginalIter | None = None
+        self._script_batch_size: dict[int, Any] = {}  # per loader, as the script built it
 
     def _is_target(self, record: LoaderRecord) -> bool:
         if self.target is not None:
@@ -96,6 +97,7 @@ class TrialController:
 
     def on_create(self, record: LoaderRecord, arguments: dict[str, Any]) -> dict[str, Any]:
         arguments = lifeline.wrap_worker_init(arguments)  # every loader's workers die with us
+        self._script_batch_size[record.index] = arguments.get("batch_size", 1)
         if self.config is None or not self._is_target(record):
             return arguments
         out = dl.apply_settings(arguments, self.config)
@@ -113,6 +115,9 @@ class TrialController:
             self._start(loader, record, original)
         if record != self.target or self.meter is None:
             return original(loader)
+        why = dl.why_no_batches(loader)
+        if why is not None:  # say so, rather than "ended before its first batch" or a
+            self._no_batches(why, record)  # StopIteration from next(iter(loader)) in the script
         if self.spec["phase"] == "replay":
             first = next(original(loader))
             self.bytes_per_sample = dl.bytes_per_sample(first)
@@ -174,6 +179,19 @@ class TrialController:
             next(self._original(loader))
             m.reentry_s.append(time.perf_counter() - t)
         self._report(m, complete=True)
+        time.sleep(_LINGER_S)
+        os._exit(0)
+
+    def _no_batches(self, why: str, record: LoaderRecord) -> None:
+        """The tuned loader yields nothing: report, then wait for the parent to end us."""
+        own = (
+            self.config is None
+            or self.config.batch_size == self._script_batch_size.get(record.index, 1)
+            or (
+                self.loader is not None and self.loader.batch_size is None
+            )  # a batch sampler decides, not the search
+        )
+        self.chan.send(messages.NoBatchesMsg(t="no_batches", why=why, own_batch_size=own))
         time.sleep(_LINGER_S)
         os._exit(0)
 

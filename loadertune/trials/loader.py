@@ -63,6 +63,19 @@ def epoch_samples(loader: DataLoader[Any]) -> int | None:
     return n // loader.batch_size * loader.batch_size if loader.drop_last else n
 
 
+def why_no_batches(loader: DataLoader[Any]) -> str | None:
+    """Why an epoch of ``loader`` holds no batch at all, when its length says so up front
+    (``drop_last=True`` with fewer samples than a batch, an empty dataset); else None."""
+    if epoch_samples(loader) != 0:
+        return None
+    if isinstance(loader.dataset, IterableDataset) or loader.batch_size is None:
+        return "the dataset is empty (0 samples)"
+    n = len(loader.sampler)  # type: ignore[arg-type]
+    if n == 0:
+        return "the dataset is empty (0 samples)"
+    return f"drop_last=True with {n} samples < batch_size {loader.batch_size}"
+
+
 def sample_counter(loader: DataLoader[Any]) -> Callable[[Any, int], int]:
     """Count samples per batch: arithmetic for a regular batch sampler, else the batch's shape."""
     if isinstance(loader.dataset, IterableDataset) or loader.batch_size is None:

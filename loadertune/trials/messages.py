@@ -5,9 +5,9 @@ sent as JSON lines over a :class:`~loadertune.trials.channel.Channel`.
 
 The trial process (:mod:`loadertune.trials.child`) sends a :class:`LoaderMsg` when the script
 first iterates the tuned loader, :class:`EventMsg` and :class:`ProgressMsg` while the meter
-runs, and one of three ends: :class:`ResultMsg` (the window is full), :class:`FailureMsg` (the
-script raised) or :class:`EndedMsg` (the script ended first, after a partial
-:class:`ResultMsg` if the window had opened). The search
+runs, and one of four ends: :class:`ResultMsg` (the window is full), :class:`FailureMsg` (the
+script raised), :class:`NoBatchesMsg` (the loader yields no batch) or :class:`EndedMsg` (the
+script ended first, after a partial :class:`ResultMsg` if the window had opened). The search
 (:class:`loadertune.trials.script.ScriptRunner`) sends :class:`StopMsg` to prune the trial.
 
 Both ends run the same loadertune: the search reads a message of kind ``t`` as that kind's type
@@ -73,6 +73,14 @@ class FailureMsg(TypedDict):
     traceback: str
 
 
+class NoBatchesMsg(TypedDict):
+    """The tuned loader yields no batch at all; the trial is over."""
+
+    t: Literal["no_batches"]
+    why: str  # "drop_last=True with 10 samples < batch_size 16", "the dataset is empty (...)"
+    own_batch_size: bool  # the script's own batch size (not one the search chose)
+
+
 class EndedMsg(TypedDict):
     """The script ended (or exited) before the window was full."""
 
@@ -87,5 +95,7 @@ class StopMsg(TypedDict):
     t: Literal["stop"]
 
 
-Message = EventMsg | ProgressMsg | LoaderMsg | ResultMsg | FailureMsg | EndedMsg | StopMsg
+Message = (
+    EventMsg | ProgressMsg | LoaderMsg | ResultMsg | FailureMsg | NoBatchesMsg | EndedMsg | StopMsg
+)
 STOP: StopMsg = {"t": "stop"}

@@ -153,6 +153,7 @@ class ScriptRunner(BaseRunner):
             "loader": self._on_loader,
             "result": self._on_result,
             "failure": self._on_failure,
+            "no_batches": self._on_no_batches,
             "ended": self._on_ended,
         }
 
@@ -292,6 +293,24 @@ class ScriptRunner(BaseRunner):
                 detail=detail,
             )
         trial.result.failure = failure
+        return True
+
+    def _on_no_batches(self, msg: messages.NoBatchesMsg, trial: _Trial) -> bool:
+        own = msg["own_batch_size"]  # the script's own: no other setting can measure it
+        advice = (
+            "give the loader more samples than a batch, a smaller batch size or drop_last=False"
+            if own
+            else "this batch size is larger than the data: search smaller ones (--batch-sizes)"
+        )
+        output = _tail(trial.log)
+        trial.result.failure = Failure(
+            FailureKind.NO_BATCHES,
+            f"the loader yielded no batches: {msg['why']}",
+            advice,
+            user_bug=own,
+            # a user bug is shown with its detail only: say what to do there too
+            detail=f"{advice}\n--- script output (tail) ---\n{output}" if own else output,
+        )
         return True
 
     def _on_ended(self, msg: messages.EndedMsg, trial: _Trial) -> bool:
