@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import click
+from rich.console import Console
 from rich.text import Text
 
 from loadertune import __version__, api, hardware, store
@@ -292,23 +293,41 @@ def show(path: str, as_json: bool) -> None:
         return
     console = plain_console()
     for key, entry in doc["machines"].items():
-        mark = ("* this machine", "bold green") if key == here else ""
-        desc = (entry.get("hardware") or {}).get("description", "")
-        kwargs = entry.get("loader_kwargs", {})
-        rate = entry.get("samples_per_s")
-        console.print(Text.assemble((key, "bold"), " ", mark))
-        console.print(f"  {desc}", highlight=False, soft_wrap=True)
-        label = Config.from_kwargs(kwargs, batch_size=1).label() if kwargs else "-"
-        speed = f"{rate:,.0f} samples/s" if rate else "-"
-        speedup = entry.get("speedup")
+        _show_entry(console, key, entry, here=here)
+
+
+def _show_entry(console: Console, key: str, entry: Any, *, here: str) -> None:
+    """An entry in four lines, or a damaged one in one line that says what is wrong."""
+    mark = ("* this machine", "bold green") if key == here else ""
+    problem = store.entry_problem(entry)
+    if problem is not None:
         console.print(
-            f"  {label}  {speed}"
-            + (f"  ({speedup:.2f}x over baseline)" if speedup else "")
-            + f"  measured {entry.get('measured_at', '?')}",
-            highlight=False,
+            Text.assemble(
+                (key, "bold"),
+                " ",
+                mark,
+                (f"  damaged: the entry {problem}; `loadertune search` replaces it", "red"),
+            ),
             soft_wrap=True,
         )
-        console.print(f"  {json.dumps(kwargs)}", highlight=False, soft_wrap=True)
+        return
+    hw = entry.get("hardware")
+    desc = hw.get("description", "") if isinstance(hw, dict) else ""
+    kwargs = entry["loader_kwargs"]
+    rate = entry.get("samples_per_s")
+    console.print(Text.assemble((key, "bold"), " ", mark))
+    console.print(f"  {desc}", highlight=False, soft_wrap=True)
+    label = Config.from_kwargs(kwargs, batch_size=1).label() if kwargs else "-"
+    speed = f"{rate:,.0f} samples/s" if rate else "-"
+    speedup = entry.get("speedup")
+    console.print(
+        f"  {label}  {speed}"
+        + (f"  ({speedup:.2f}x over baseline)" if speedup else "")
+        + f"  measured {entry.get('measured_at', '?')}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    console.print(f"  {json.dumps(kwargs, default=str)}", highlight=False, soft_wrap=True)
 
 
 @cli.command(name="hardware")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import reprlib
 import shutil
 import stat
 import tempfile
@@ -35,7 +36,8 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from loadertune.errors import NoRecommendationError, RecommendationFileError
+from loadertune.config import Config
+from loadertune.errors import ConfigError, NoRecommendationError, RecommendationFileError
 
 SCHEMA = "loadertune.recommendations"
 SCHEMA_VERSION = 1
@@ -226,6 +228,37 @@ def entry_for(path: str | os.PathLike[str], key: str) -> dict[str, Any]:
             "Run `loadertune search` here to add one."
         )
     entry = machines[key]
-    if not isinstance(entry, dict) or not isinstance(entry.get("loader_kwargs"), dict):
-        raise RecommendationFileError(f'{path}: the entry for {key} has no "loader_kwargs".')
+    problem = entry_problem(entry)
+    if problem is not None:
+        raise RecommendationFileError(
+            f"{path}: the entry for {key} {problem}. Run `loadertune search` again to replace it."
+        )
     return entry
+
+
+def _kind(value: object) -> str:
+    return f"{type(value).__name__} {reprlib.repr(value)}"
+
+
+def entry_problem(entry: object) -> str | None:
+    """What makes a file's entry unusable, as the end of "the entry ..."; None if it is usable.
+
+    Checks what is read from it: an object, with ``loader_kwargs`` that build a valid setting,
+    and numbers where numbers are expected.
+    """
+    if not isinstance(entry, dict):
+        return f"is a {_kind(entry)}, not an object"
+    kwargs = entry.get("loader_kwargs")
+    if kwargs is None:
+        return 'has no "loader_kwargs"'
+    if not isinstance(kwargs, dict):
+        return f'has "loader_kwargs" that is a {_kind(kwargs)}, not a mapping'
+    try:
+        Config.from_kwargs(kwargs, batch_size=1)
+    except (ConfigError, TypeError, ValueError) as exc:
+        return f'has "loader_kwargs" that are not a valid setting ({exc})'
+    for name in ("samples_per_s", "speedup"):
+        value = entry.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            return f'has "{name}" that is a {_kind(value)}, not a number'
+    return None

@@ -235,6 +235,48 @@ def test_show_marks_this_machine(tmp_path: Path) -> None:
     assert data["this_machine"] == hardware.current_key()
 
 
+def test_show_reports_a_damaged_entry_in_one_line_and_lists_the_rest(tmp_path: Path) -> None:
+    """Issue 14: no traceback; each damaged entry is one line saying what is wrong."""
+    out = tmp_path / "rec.json"
+    good = {**_entry(2), "hardware": {"description": "[bold]markup[/bold] in [red]text"}}
+    out.write_text(
+        json.dumps(
+            {
+                "schema": store.SCHEMA,
+                "schema_version": store.SCHEMA_VERSION,
+                "machines": {
+                    "kwargs-a-list": {**_entry(2), "loader_kwargs": [1, 2]},
+                    "not-an-object": [1, 2],
+                    "rate-a-string": {**_entry(2), "samples_per_s": "fast"},
+                    "bad-setting": {**_entry(2), "loader_kwargs": {"batch_size": "x"}},
+                    "good-box": good,
+                },
+            }
+        )
+    )
+    proc = loadertune("show", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+
+    def line_of(key: str) -> str:
+        (found,) = [line for line in lines if line.startswith(key)]
+        return found
+
+    assert 'damaged: the entry has "loader_kwargs" that is a list [1, 2], not a mapping' in (
+        line_of("kwargs-a-list")
+    )
+    assert "damaged: the entry is a list [1, 2], not an object" in line_of("not-an-object")
+    assert "damaged: the entry has \"samples_per_s\" that is a str 'fast', not a number" in (
+        line_of("rate-a-string")
+    )
+    assert "batch_size must be a positive int" in line_of("bad-setting")
+    good_at = lines.index(line_of("good-box"))
+    assert lines[good_at + 1].strip() == "[bold]markup[/bold] in [red]text"  # as it is
+    assert "bs=16 w=2 pf=2" in lines[good_at + 2] and "123 samples/s" in lines[good_at + 2]
+    assert len(lines) == 4 + 4  # four one-line entries, one of four lines
+
+
 def test_help_on_every_command() -> None:
     for cmd in ([], ["search"], ["run"], ["show"], ["hardware"]):
         proc = loadertune(*cmd, "--help")
