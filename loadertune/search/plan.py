@@ -49,10 +49,10 @@ def climbs(
 ) -> list[Config]:
     """The barrel principle, one step: when the best explored setting of a batch size still
     waits for data (``blocked``: the explored settings' blocked fractions), its loader is the
-    bottleneck, so try it with the workers that would feed its loop: ``w / (1 - blocked)``
-    and at least one more. The step's rate at that batch size is what they must reach; the
-    probe, at the user's batch size, cannot predict it. Batch sizes far behind the best are left
-    to the sampler. Best first; ``skip`` drops settings already run, planned or ruled out."""
+    bottleneck, so try it with the workers that would feed its loop: ``w / (1 - blocked)``,
+    at least one more and at most twice as many. The step's rate at that batch size is what
+    they must reach; the probe, at the user's batch size, cannot predict it. Batch sizes far
+    behind the best are left to the sampler. Best first; ``skip`` drops settings already run, planned or ruled out."""
     by_size: dict[int, Config] = {}
     for c in sorted(blocked, key=lambda c: values[c], reverse=True):
         by_size.setdefault(c.batch_size, c)
@@ -67,7 +67,10 @@ def climbs(
         ):
             continue
         w = best.num_workers
-        config = _with_workers(space, best, max(w + 1, math.ceil(w / (1 - min(waits, 0.9)))))
+        # At most twice the workers per step: waiting may also come from a limit no worker
+        # count lifts (the storage's own bandwidth), and a trial of many workers costs more.
+        wanted = min(2 * w, math.ceil(w / (1 - min(waits, 0.9))))
+        config = _with_workers(space, best, max(w + 1, wanted))
         if not skip(config):
             out.append(config)
     return out
