@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from loadertune import hardware, store
 from loadertune.config import TUNED_KEYS, Config, check_max_workers, normalize_batch_sizes
@@ -44,6 +44,28 @@ def _check_fixed(loader_kwargs: Mapping[str, Any]) -> None:
     if unknown:
         raise ConfigError(
             f"unknown DataLoader argument(s) {unknown}; DataLoader takes {sorted(_LOADER_PARAMS)}."
+        )
+
+
+def _check_dataset(dataset: object, loader_kwargs: Mapping[str, Any]) -> None:
+    """A ConfigError unless DataLoader can load ``dataset``: an IterableDataset, or an object
+    with ``__getitem__`` and (unless a sampler is passed) ``__len__``, as a Dataset, a list or
+    an array has."""
+    if isinstance(dataset, IterableDataset):
+        return
+    kind = type(dataset)
+    name = f"{kind.__module__}.{kind.__qualname__}"
+    if not hasattr(kind, "__getitem__"):
+        raise ConfigError(
+            f"dataset is a {name} object, not a Dataset: pass a torch.utils.data.Dataset "
+            "(with __getitem__ and __len__) or an IterableDataset (with __iter__)."
+        )
+    if not hasattr(kind, "__len__") and not (
+        loader_kwargs.get("sampler") or loader_kwargs.get("batch_sampler")
+    ):
+        raise ConfigError(
+            f"dataset ({name}) has no __len__, which DataLoader's default sampler needs: "
+            "define __len__, pass sampler= or batch_sampler=, or make it an IterableDataset."
         )
 
 
@@ -160,6 +182,7 @@ def tune_loader(
     from loadertune.trials.inline import InlineRunner  # imports torch's DataLoader machinery
 
     _check_fixed(loader_kwargs)
+    _check_dataset(dataset, loader_kwargs)
     try:
         n = len(dataset)  # type: ignore[arg-type]
     except TypeError:

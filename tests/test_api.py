@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from loadertune import (
     ConfigError,
@@ -90,6 +90,26 @@ def test_a_dataset_bug_stops_with_the_traceback() -> None:
 def test_bad_arguments_are_clear_errors(kwargs: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         tune(TensorDataset(n=100), **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("dataset", "message"),
+    [
+        (object(), r"dataset is a builtins.object object, not a Dataset"),
+        (iter(range(10)), r"not a Dataset"),
+        (type("NoLen", (Dataset,), {"__getitem__": lambda self, i: i})(), r"has no __len__"),
+    ],
+)
+def test_what_is_not_a_dataset_is_said_to_be_so(dataset: object, message: str) -> None:
+    """Issue 14: not "the dataset raised an error" (a UserCodeError with torch's traceback)."""
+    with pytest.raises(ConfigError, match=message):
+        tune(dataset)
+
+
+@pytest.mark.slow
+def test_a_list_is_dataset_enough() -> None:
+    rec = tune([float(i) for i in range(256)], batch_size=16, n_trials=2)
+    assert rec.loader_kwargs["batch_size"] == 16
 
 
 def test_an_empty_dataset_is_refused() -> None:
