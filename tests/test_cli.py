@@ -110,6 +110,9 @@ def test_a_script_that_ends_early_gives_a_low_confidence_result(tmp_path: Path) 
         ("markup_error.py", (), "[/__w/pytorch/third_party/gloo/pair.cc:553] Connection closed"),
         ("dataset_bug.py", (), "cannot decode sample 3"),
         ("no_loader.py", (), "without iterating"),
+        # issue 14: not "ended without iterating the DataLoader"
+        ("short.py", ("--loader", "7"), "created only 1 DataLoader, so there is no DataLoader #7"),
+        ("short.py", ("--loader", "short.py:99"), "so there is no DataLoader at short.py:99"),
         (
             "never_iterates.py",
             ("--startup-timeout", "3"),

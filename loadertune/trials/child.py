@@ -85,6 +85,7 @@ class TrialController:
         self.transfer: dict[str, float] | None = None
         self._original: OriginalIter | None = None
         self._script_batch_size: dict[int, Any] = {}  # per loader, as the script built it
+        self._created: list[str] = []  # call sites, in order of creation
 
     def _is_target(self, record: LoaderRecord) -> bool:
         if self.target is not None:
@@ -98,6 +99,7 @@ class TrialController:
     def on_create(self, record: LoaderRecord, arguments: dict[str, Any]) -> dict[str, Any]:
         arguments = lifeline.wrap_worker_init(arguments)  # every loader's workers die with us
         self._script_batch_size[record.index] = arguments.get("batch_size", 1)
+        self._created.append(record.call_site)
         if self.config is None or not self._is_target(record):
             return arguments
         out = dl.apply_settings(arguments, self.config)
@@ -216,7 +218,11 @@ class TrialController:
         partial = self.meter.finish_now() if self.meter is not None else None
         if partial is not None:
             self._report(partial, complete=False)
-        self.chan.send(messages.EndedMsg(t="ended", how=how, iterated=self.target is not None))
+        self.chan.send(
+            messages.EndedMsg(
+                t="ended", how=how, iterated=self.target is not None, created=self._created
+            )
+        )
 
 
 def _report_failure(controller: TrialController, chan: Channel, exc: BaseException) -> None:

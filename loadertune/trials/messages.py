@@ -87,6 +87,7 @@ class EndedMsg(TypedDict):
     t: Literal["ended"]
     how: str  # "the script ended", "the script exited with status N"
     iterated: bool  # the tuned loader was iterated
+    created: list[str]  # the call site of each DataLoader the script created, in order
 
 
 class StopMsg(TypedDict):

@@ -34,6 +34,7 @@ from loadertune.measure.meter import Measurement
 from loadertune.trials import messages
 from loadertune.trials.channel import Channel
 from loadertune.trials.child import SPEC_ENV
+from loadertune.trials.patch import matches_site
 from loadertune.trials.runner import BaseRunner, TrialRequest, TrialResult
 from loadertune.trials.supervisor import Supervisor
 
@@ -318,7 +319,7 @@ class ScriptRunner(BaseRunner):
             what = (
                 "before its first batch" if msg["iterated"] else "without iterating the DataLoader"
             )
-            trial.result.failure = Failure(
+            trial.result.failure = self._missing_loader(msg, trial) or Failure(
                 FailureKind.SCRIPT_ENDED,
                 f"{msg['how']} {what}",
                 "check the script's arguments (too few epochs or batches?) "
@@ -327,6 +328,33 @@ class ScriptRunner(BaseRunner):
                 detail=_tail(trial.log),
             )
         return True
+
+    def _missing_loader(self, msg: messages.EndedMsg, trial: _Trial) -> Failure | None:
+        """The loader asked for (``--loader N`` or ``FILE:LINE``) was never created, or None."""
+        created = msg.get("created") or []
+        index, site = self.selector.get("index"), self.selector.get("call_site")
+        if msg["iterated"] or (index is None and not site):
+            return None
+        if index is not None and len(created) >= index:
+            return None
+        if site and any(matches_site(c, site) for c in created):
+            return None
+        n = len(created)
+        made = f"only {n} DataLoader{'s' if n != 1 else ''}" if n else "no DataLoader"
+        wanted = f"no DataLoader #{index}" if index is not None else f"no DataLoader at {site}"
+        sites = ", ".join(f"#{i} at {c}" for i, c in enumerate(created, 1))
+        advice = (
+            f"pass --loader with one of those it created: {sites}"
+            if created
+            else "check that the script creates a DataLoader with these arguments"
+        )
+        return Failure(
+            FailureKind.NO_LOADER,
+            f"{msg['how']} having created {made}, so there is {wanted} (--loader)",
+            advice,
+            user_bug=True,  # shown with its detail only: say what to do there too
+            detail=f"{advice}\n--- script output (tail) ---\n{_tail(trial.log)}",
+        )
 
     def close(self) -> None:
         self._logdir.cleanup()
