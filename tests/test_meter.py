@@ -7,7 +7,8 @@ import time
 import pytest
 import torch
 
-from loadertune.measure.meter import FixedCount, Measurement, Meter, WindowSpec, structure_count
+from loadertune.measure.counting import FixedCount, structure_count
+from loadertune.measure.meter import Measurement, Meter, WindowSpec
 
 
 class Recorder:

@@ -52,7 +52,8 @@ def climbs(
     bottleneck, so try it with the workers that would feed its loop: ``w / (1 - blocked)``,
     at least one more and at most twice as many. The step's rate at that batch size is what
     they must reach; the probe, at the user's batch size, cannot predict it. Batch sizes far
-    behind the best are left to the sampler. Best first; ``skip`` drops settings already run, planned or ruled out."""
+    behind the best are left to the sampler. Best first; ``skip`` drops settings already run,
+    planned or ruled out."""
     by_size: dict[int, Config] = {}
     for c in sorted(blocked, key=lambda c: values[c], reverse=True):
         by_size.setdefault(c.batch_size, c)

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from loadertune.config import Config
 from loadertune.measure import nvml
-from loadertune.measure.meter import FixedCount, structure_count, structure_counter
+from loadertune.measure.counting import FixedCount, structure_count, structure_counter
 
 WORKER_COUNT_WARNING = r"This DataLoader will create \d+ worker processes"
 
