@@ -61,17 +61,23 @@ class _Terminated(KeyboardInterrupt):
 
 
 @contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM ends a search the way Ctrl-C does: trial stopped, study kept. Restored after."""
+def _interrupts_stop(view: LiveView) -> Iterator[None]:
+    """Ctrl-C and SIGTERM end a search: the trial stopped, the study kept. Each raises where it
+    lands, and is also handed to the live view, which raises it again before the next trial:
+    a library that catches the first one and goes on does not keep the search running (seen
+    once in a while, in a long test run). Restored after."""
 
     def handler(signum: int, frame: Any) -> None:
-        raise _Terminated("SIGTERM")
+        exc = _Terminated("SIGTERM") if signum == signal.SIGTERM else KeyboardInterrupt()
+        view.stop(exc)
+        raise exc
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def _say(style: str, message: object) -> None:
@@ -209,7 +215,7 @@ def search(
         if not force:
             store.read(out)  # an unreadable file is reported now, not after the search
         store.check_writable(out)  # so are a read-only file and a folder that cannot be written
-        with LiveView(_err) as view, _sigterm_as_interrupt():
+        with LiveView(_err) as view, _interrupts_stop(view):
             rec = api.tune_script(
                 script,
                 script_args,
