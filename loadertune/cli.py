@@ -21,7 +21,7 @@ from rich.text import Text
 
 from loadertune import __version__, api, hardware, store
 from loadertune.config import Config
-from loadertune.errors import LoadertuneError, SearchInterrupted
+from loadertune.errors import LoadertuneError, PartialNotSaved, SearchInterrupted
 from loadertune.report import LiveView, plain_console, print_summary
 from loadertune.search import SearchSettings
 
@@ -97,7 +97,7 @@ def cli() -> None:
     \b
     loadertune search train.py -- --epochs 3   tune the script's loader, save loadertune.json
     loadertune run train.py -- --epochs 3      run it for real with the saved settings
-    loadertune show                            list the saved settings per machine
+    loadertune show                            list the saved settings per machine, workload
     """
 
 
@@ -230,15 +230,18 @@ def search(
         if save_partial:
             try:
                 saved = api.save_partial(out, exc, force=force)
+            except PartialNotSaved as err:
+                _say("yellow", err)  # a complete entry is kept: not an error
             except LoadertuneError as err:
                 _fail(err)
-            _err.print(
-                f"loadertune: the best setting so far saved to {saved}, marked partial"
-                if saved
-                else "loadertune: no setting finished; nothing saved",
-                highlight=False,
-                soft_wrap=True,
-            )
+            else:
+                _err.print(
+                    f"loadertune: the best setting so far saved to {saved}, marked partial"
+                    if saved
+                    else "loadertune: no setting finished; nothing saved",
+                    highlight=False,
+                    soft_wrap=True,
+                )
         sys.exit(143 if isinstance(exc.__cause__, _Terminated) else 130)
     except LoadertuneError as exc:
         _fail(exc)
@@ -249,7 +252,12 @@ def search(
     if as_json:
         click.echo(
             json.dumps(
-                {"out": path, "hardware_key": rec.hardware.key, **rec.to_entry()},
+                {
+                    "out": path,
+                    "hardware_key": rec.hardware.key,
+                    "workload_key": store.workload_key(rec.workload, file=path),
+                    **rec.to_entry(),
+                },
                 default=str,
                 indent=2,
             )
@@ -285,7 +293,8 @@ def run(script: str, script_args: tuple[str, ...], path: str) -> None:
 @click.argument("path", default="loadertune.json", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the file's entries as JSON.")
 def show(path: str, as_json: bool) -> None:
-    """List the entries of a recommendation file; this machine's is marked."""
+    """List the entries of a recommendation file, per machine and workload; this machine's is
+    marked."""
     try:
         doc = store.read(path)
     except LoadertuneError as exc:
@@ -298,42 +307,55 @@ def show(path: str, as_json: bool) -> None:
         click.echo(json.dumps({"this_machine": here, **doc}, indent=2, default=str))
         return
     console = plain_console()
-    for key, entry in doc["machines"].items():
-        _show_entry(console, key, entry, here=here)
+    for key, machine in doc["machines"].items():
+        _show_machine(console, key, machine, here=here)
 
 
-def _show_entry(console: Console, key: str, entry: Any, *, here: str) -> None:
-    """An entry in four lines, or a damaged one in one line that says what is wrong."""
-    mark = ("* this machine", "bold green") if key == here else ""
+def _damaged(what: str) -> tuple[str, str]:
+    return (f"  damaged: {what}; `loadertune search` replaces it", "red")
+
+
+def _show_machine(console: Console, key: str, machine: Any, *, here: str) -> None:
+    """A machine and its entries, one per workload; a damaged record or entry in one line that
+    says what is wrong."""
+    mark = ("  * this machine", "bold green") if key == here else ""
+    workloads = store.workloads_of(machine)
+    if workloads is None:
+        damage = _damaged(f'its record is a {type(machine).__name__} without a "workloads" object')
+        console.print(Text.assemble((key, "bold"), mark, damage), soft_wrap=True)
+        return
+    console.print(Text.assemble((key, "bold"), mark), soft_wrap=True)
+    usable = [e for e in workloads.values() if store.entry_problem(e) is None]
+    hw = usable[0].get("hardware") if usable else None
+    if isinstance(hw, dict) and hw.get("description"):
+        console.print(f"  {hw['description']}", highlight=False, soft_wrap=True)
+    for workload, entry in workloads.items():
+        _show_entry(console, workload, entry)
+
+
+def _show_entry(console: Console, workload: str, entry: Any) -> None:
+    """An entry in three lines, or a damaged one in one line."""
     problem = store.entry_problem(entry)
     if problem is not None:
         console.print(
-            Text.assemble(
-                (key, "bold"),
-                " ",
-                mark,
-                (f"  damaged: the entry {problem}; `loadertune search` replaces it", "red"),
-            ),
-            soft_wrap=True,
+            Text.assemble(f"  {workload}", _damaged(f"the entry {problem}")), soft_wrap=True
         )
         return
-    hw = entry.get("hardware")
-    desc = hw.get("description", "") if isinstance(hw, dict) else ""
+    partial = ("  (partial: an interrupted search)", "yellow") if entry.get("partial") else ""
+    console.print(Text.assemble(f"  {workload}", partial), soft_wrap=True)
     kwargs = entry["loader_kwargs"]
     rate = entry.get("samples_per_s")
-    console.print(Text.assemble((key, "bold"), " ", mark))
-    console.print(f"  {desc}", highlight=False, soft_wrap=True)
     label = Config.from_kwargs(kwargs, batch_size=1).label() if kwargs else "-"
     speed = f"{rate:,.0f} samples/s" if rate else "-"
     speedup = entry.get("speedup")
     console.print(
-        f"  {label}  {speed}"
+        f"    {label}  {speed}"
         + (f"  ({speedup:.2f}x over baseline)" if speedup else "")
         + f"  measured {entry.get('measured_at', '?')}",
         highlight=False,
         soft_wrap=True,
     )
-    console.print(f"  {json.dumps(kwargs, default=str)}", highlight=False, soft_wrap=True)
+    console.print(f"    {json.dumps(kwargs, default=str)}", highlight=False, soft_wrap=True)
 
 
 @cli.command(name="hardware")

@@ -46,7 +46,12 @@ class RecommendationFileError(LoadertuneError):
 
 
 class NoRecommendationError(LoadertuneError, LookupError):
-    """The recommendation file holds no entry for this machine."""
+    """The recommendation file holds no entry for this machine (or this workload on it)."""
+
+
+class PartialNotSaved(LoadertuneError):
+    """A partial result (an interrupted search) was not saved: the file holds a complete one for
+    the same machine and workload, which it never replaces."""
 
 
 class SearchInterrupted(LoadertuneError, KeyboardInterrupt):
@@ -63,8 +68,10 @@ class SearchInterrupted(LoadertuneError, KeyboardInterrupt):
         storage: str,
         n_complete: int,
         best: dict[str, Any] | None = None,
+        workload: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
+        self.workload = workload  # what was tuned (as Recommendation.workload), where known
         self.study_name = study_name
         self.storage = storage
         self.n_complete = n_complete

@@ -1,16 +1,27 @@
-"""The recommendation file: one JSON document, one entry per CPU/GPU pairing.
+"""The recommendation file: one JSON document, one entry per machine (CPU/GPU pairing) and
+workload (what was tuned).
 
 ::
 
     {
       "schema": "loadertune.recommendations",
-      "schema_version": 1,
+      "schema_version": 2,
       "machines": {
-        "<hardware key>": { "loader_kwargs": {...}, "hardware": {...}, "winner": {...}, ... }
+        "<hardware key>": {
+          "workloads": {
+            "<workload key>": { "loader_kwargs": {...}, "workload": {...}, "winner": {...}, ... }
+          }
+        }
       }
     }
 
-Saving merges: the other machines' entries survive. The new document is written to a temporary
+A workload key (:func:`workload_key`) names the script, relative to the file's folder, and the
+line that creates its loader (``script train.py:42``), or the dataset's type for ``tune_loader``
+(``dataset mypkg.data.Images``). Version 1 files (one entry per machine) are read as version 2,
+each entry under its own workload's key, and written back as version 2.
+
+Saving merges: the other machines' and workloads' entries survive, and a partial entry (an
+interrupted search) never replaces a complete one. The new document is written to a temporary
 file in the same directory, flushed to disk and renamed over the old one, all under a lock file
 (``<file>.lock``), so two searches saving at once both land and a crash never leaves half a file.
 The new file gets the old one's mode and owner (a shared 644 file stays readable to others); a
@@ -37,11 +48,17 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from loadertune.config import Config
-from loadertune.errors import ConfigError, NoRecommendationError, RecommendationFileError
+from loadertune.errors import (
+    ConfigError,
+    NoRecommendationError,
+    PartialNotSaved,
+    RecommendationFileError,
+)
 
 SCHEMA = "loadertune.recommendations"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 LOCK_TIMEOUT_S = 30.0
+UNKNOWN_WORKLOAD = "unknown"  # an entry that does not say what was tuned (hand-written, old)
 
 
 def _empty() -> dict[str, Any]:
@@ -82,7 +99,75 @@ def read(path: str | os.PathLike[str]) -> dict[str, Any]:
         )
     if not isinstance(doc.get("machines"), dict):
         raise RecommendationFileError(f'{path} has no "machines" object; the file is damaged.')
+    if version == 1:
+        doc["machines"] = {
+            key: {"workloads": {workload_key(_workload_of(entry, path), file=path): entry}}
+            for key, entry in doc["machines"].items()
+        }
+        doc["schema_version"] = SCHEMA_VERSION
     return doc
+
+
+def _workload_of(entry: object, path: Path) -> object:
+    """A version 1 entry's workload, its script's path taken as relative to the file's folder
+    (where the search that saved it ran, most likely; its own folder is not recorded)."""
+    workload = entry.get("workload") if isinstance(entry, dict) else None
+    if isinstance(workload, dict) and isinstance(workload.get("script"), str):
+        script = os.path.join(os.path.dirname(os.path.abspath(path)), workload["script"])
+        return {**workload, "script": script}
+    return workload
+
+
+def script_name(script: str | os.PathLike[str], *, file: str | os.PathLike[str] | None) -> str:
+    """``script`` as the recommendation ``file`` names it: relative to the file's folder (the
+    same on every machine that checks the project out); as given when no file is known."""
+    if file is None:
+        return os.path.normpath(script)
+    return os.path.relpath(os.path.abspath(script), os.path.dirname(os.path.abspath(file)))
+
+
+def workload_key(workload: object, *, file: str | os.PathLike[str] | None = None) -> str:
+    """The key of a workload (:attr:`Recommendation.workload`) in the recommendation ``file``:
+
+    - ``script train.py:42``: the script (see :func:`script_name`) and the line creating the
+      loader; ``script train.py @ data.py:17`` when the loader is created in another file;
+    - ``dataset mypkg.data.Images``: the dataset's type (``tune_loader``);
+    - ``unknown`` when the workload does not say.
+    """
+    if not isinstance(workload, dict):
+        return UNKNOWN_WORKLOAD
+    kind = workload.get("kind")
+    if kind == "dataset" and isinstance(workload.get("dataset"), str):
+        return f"dataset {workload['dataset']}"
+    if kind != "script" or not isinstance(workload.get("script"), str):
+        return UNKNOWN_WORKLOAD
+    script = script_name(workload["script"], file=file)
+    site = workload.get("call_site")
+    if not isinstance(site, str) or ":" not in site:
+        return f"script {script}"
+    site_file, _, line = site.rpartition(":")
+    if os.path.basename(site_file) == os.path.basename(script):
+        return f"script {script}:{line}"
+    return f"script {script} @ {os.path.basename(site_file)}:{line}"
+
+
+def of_script(
+    workloads: dict[str, Any], script: str | os.PathLike[str], *, file: str | os.PathLike[str]
+) -> dict[str, Any]:
+    """The entries of ``workloads`` (one machine's) that were measured on ``script``."""
+    name = f"script {script_name(script, file=file)}"
+    return {
+        key: entry
+        for key, entry in workloads.items()
+        if key == name or key.startswith((f"{name}:", f"{name} @ "))
+    }
+
+
+def workloads_of(machine: object) -> dict[str, Any] | None:
+    """A machine's entries by workload key; None when the machine's record is damaged."""
+    if isinstance(machine, dict) and isinstance(machine.get("workloads"), dict):
+        return machine["workloads"]
+    return None
 
 
 def _umask() -> int:
@@ -166,21 +251,31 @@ def _write_atomic(path: Path, doc: dict[str, Any]) -> None:
 
 
 def save_entry(
-    path: str | os.PathLike[str], key: str, entry: dict[str, Any], *, force: bool = False
+    path: str | os.PathLike[str],
+    key: str,
+    entry: dict[str, Any],
+    *,
+    workload: str | None = None,
+    force: bool = False,
 ) -> Path:
-    """Merge ``entry`` under ``key`` into the file at ``path``; return the path written.
+    """Merge ``entry`` under machine ``key`` and its workload into the file at ``path``; return
+    the path written.
 
     Args:
         path: the recommendation file (created with its directory if missing).
         key: the hardware key (:attr:`loadertune.hardware.Hardware.key`).
-        entry: the machine's entry (JSON-able).
+        entry: the entry (JSON-able); ``entry["workload"]`` says what was tuned.
+        workload: the workload key (default: :func:`workload_key` of ``entry["workload"]``).
         force: replace a file that cannot be read, after copying it aside.
 
     Raises:
+        PartialNotSaved: ``entry`` is partial and the file holds a complete one for the same
+            machine and workload (which is kept).
         RecommendationFileError: the file cannot be read (without ``force``), is read-only, or
             its folder cannot be written.
     """
     path = Path(path)
+    wkey = workload or workload_key(entry.get("workload"), file=path)
     check_writable(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -200,7 +295,18 @@ def save_entry(
                 shutil.copy2(path, backup)
                 doc = _empty()
             doc["schema_version"] = SCHEMA_VERSION
-            doc["machines"][key] = entry
+            workloads = workloads_of(doc["machines"].get(key))
+            if workloads is None:  # new, or damaged: this machine's record starts afresh
+                workloads = {}
+                doc["machines"][key] = {"workloads": workloads}
+            old = workloads.get(wkey)
+            if entry.get("partial") and isinstance(old, dict) and not old.get("partial"):
+                raise PartialNotSaved(
+                    f"{path} holds a complete result for {wkey} on this machine, which a "
+                    "partial one never replaces; it was kept (run the search to its end to "
+                    "replace it)."
+                )
+            workloads[wkey] = entry
             _write_atomic(path, doc)
     except Timeout as exc:
         raise RecommendationFileError(
@@ -210,12 +316,13 @@ def save_entry(
     return path
 
 
-def entry_for(path: str | os.PathLike[str], key: str) -> dict[str, Any]:
-    """The entry for ``key``.
+def entries_for(path: str | os.PathLike[str], key: str) -> dict[str, Any]:
+    """Machine ``key``'s entries, by workload key.
 
     Raises:
         NoRecommendationError: the file is missing or has no entry for ``key``; the message
             lists the machines it does have.
+        RecommendationFileError: the file, or this machine's record in it, is damaged.
     """
     path = Path(path)
     if not path.exists():
@@ -227,11 +334,51 @@ def entry_for(path: str | os.PathLike[str], key: str) -> dict[str, Any]:
             f"{path} has no entry for this machine ({key}); it has: {have}. "
             "Run `loadertune search` here to add one."
         )
-    entry = machines[key]
+    workloads = workloads_of(machines[key])
+    if workloads is None:
+        raise RecommendationFileError(
+            f'{path}: the record of {key} has no "workloads" object; it is damaged. '
+            "Run `loadertune search` again to replace it."
+        )
+    if not workloads:
+        raise NoRecommendationError(f"{path} has no entry for this machine ({key}).")
+    return workloads
+
+
+def entry_for(
+    path: str | os.PathLike[str], key: str, workload: str | None = None
+) -> dict[str, Any]:
+    """The entry for machine ``key`` and ``workload`` (a workload key); without ``workload``,
+    the machine's only entry.
+
+    Raises:
+        NoRecommendationError: the file is missing, or has no entry for ``key`` (the message
+            lists the machines it has) or for ``workload`` on it (it lists the workloads), or
+            several for ``key`` and no ``workload`` was named.
+        RecommendationFileError: the file or the entry is damaged.
+    """
+    workloads = entries_for(path, key)
+    have = "; ".join(sorted(workloads))
+    if workload is None:
+        if len(workloads) > 1:
+            raise NoRecommendationError(
+                f"{path} has {len(workloads)} entries for this machine ({key}), one per "
+                f"workload: {have}. Say which one (workload=...)."
+            )
+        ((workload, entry),) = workloads.items()
+    elif workload in workloads:
+        entry = workloads[workload]
+    else:
+        raise NoRecommendationError(
+            f"{path} has no entry for {workload} on this machine ({key}); it has entries "
+            f"for other workloads only: {have}. Run `loadertune search` on this one to add it."
+        )
     problem = entry_problem(entry)
     if problem is not None:
+        which = "" if workload == UNKNOWN_WORKLOAD else f" ({workload})"
         raise RecommendationFileError(
-            f"{path}: the entry for {key} {problem}. Run `loadertune search` again to replace it."
+            f"{path}: the entry for {key}{which} {problem}. "
+            "Run `loadertune search` again to replace it."
         )
     return entry
 

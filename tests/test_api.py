@@ -128,3 +128,30 @@ def test_load_recommendation_says_what_the_file_has(tmp_path) -> None:
     assert load_recommendation(tmp_path / "rec.json", hardware_key="other-box") == {"batch_size": 8}
     store.save_entry(tmp_path / "rec.json", current_key(), {"loader_kwargs": {"batch_size": 16}})
     assert load_recommendation(tmp_path / "rec.json") == {"batch_size": 16}
+
+
+def test_load_recommendation_picks_this_workloads_entry(tmp_path) -> None:
+    """Issue 14: one entry per machine and workload; a dataset names its own."""
+    from loadertune import store
+
+    path = tmp_path / "rec.json"
+    tensors, sleepy = TensorDataset(n=8), SleepDataset(n=8)
+    for dataset, bs in ((tensors, 64), (sleepy, 16)):
+        kind = f"{type(dataset).__module__}.{type(dataset).__qualname__}"
+        entry = {
+            "loader_kwargs": {"batch_size": bs},
+            "workload": {"kind": "dataset", "dataset": kind},
+        }
+        store.save_entry(path, current_key(), entry)
+    assert load_recommendation(path, workload=tensors) == {"batch_size": 64}
+    assert load_recommendation(path, workload=sleepy) == {"batch_size": 16}
+    assert load_recommendation(path, workload="dataset workloads.SleepDataset") == {
+        "batch_size": 16
+    }
+    with pytest.raises(NoRecommendationError, match=r"2 entries for this machine .* Say which"):
+        load_recommendation(path)
+    with pytest.raises(
+        NoRecommendationError,
+        match=r"no entry for dataset workloads.FaultDataset on this machine .*other workloads only",
+    ):
+        load_recommendation(path, workload=FaultDataset("raise"))

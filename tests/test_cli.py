@@ -239,45 +239,49 @@ def test_show_marks_this_machine(tmp_path: Path) -> None:
 
 
 def test_show_reports_a_damaged_entry_in_one_line_and_lists_the_rest(tmp_path: Path) -> None:
-    """Issue 14: no traceback; each damaged entry is one line saying what is wrong."""
+    """Issue 14: no traceback; each damaged entry is one line saying what is wrong. An old
+    (version 1) file: one entry per machine."""
     out = tmp_path / "rec.json"
     good = {**_entry(2), "hardware": {"description": "[bold]markup[/bold] in [red]text"}}
-    out.write_text(
-        json.dumps(
-            {
-                "schema": store.SCHEMA,
-                "schema_version": store.SCHEMA_VERSION,
-                "machines": {
-                    "kwargs-a-list": {**_entry(2), "loader_kwargs": [1, 2]},
-                    "not-an-object": [1, 2],
-                    "rate-a-string": {**_entry(2), "samples_per_s": "fast"},
-                    "bad-setting": {**_entry(2), "loader_kwargs": {"batch_size": "x"}},
-                    "good-box": good,
-                },
-            }
-        )
-    )
+    machines = {
+        "kwargs-a-list": {**_entry(2), "loader_kwargs": [1, 2]},
+        "not-an-object": [1, 2],
+        "rate-a-string": {**_entry(2), "samples_per_s": "fast"},
+        "bad-setting": {**_entry(2), "loader_kwargs": {"batch_size": "x"}},
+        "good-box": good,
+    }
+    out.write_text(json.dumps({"schema": store.SCHEMA, "schema_version": 1, "machines": machines}))
     proc = loadertune("show", str(out))
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
+    damaged = [line for line in lines if "damaged:" in line]
+    assert len(damaged) == 4, proc.stdout
+    for reason in (
+        'the entry has "loader_kwargs" that is a list [1, 2], not a mapping',
+        "the entry is a list [1, 2], not an object",
+        "the entry has \"samples_per_s\" that is a str 'fast', not a number",
+        "batch_size must be a positive int",
+    ):
+        assert sum(reason in line for line in damaged) == 1, reason
+    at = lines.index("good-box")
+    assert lines[at + 1].strip() == "[bold]markup[/bold] in [red]text"  # printed as it is
+    assert "bs=16 w=2 pf=2" in lines[at + 3] and "123 samples/s" in lines[at + 3]
 
-    def line_of(key: str) -> str:
-        (found,) = [line for line in lines if line.startswith(key)]
-        return found
 
-    assert 'damaged: the entry has "loader_kwargs" that is a list [1, 2], not a mapping' in (
-        line_of("kwargs-a-list")
-    )
-    assert "damaged: the entry is a list [1, 2], not an object" in line_of("not-an-object")
-    assert "damaged: the entry has \"samples_per_s\" that is a str 'fast', not a number" in (
-        line_of("rate-a-string")
-    )
-    assert "batch_size must be a positive int" in line_of("bad-setting")
-    good_at = lines.index(line_of("good-box"))
-    assert lines[good_at + 1].strip() == "[bold]markup[/bold] in [red]text"  # as it is
-    assert "bs=16 w=2 pf=2" in lines[good_at + 2] and "123 samples/s" in lines[good_at + 2]
-    assert len(lines) == 4 + 4  # four one-line entries, one of four lines
+def test_show_reports_a_damaged_machine_record_in_one_line(tmp_path: Path) -> None:
+    out = tmp_path / "rec.json"
+    store.save_entry(out, "good-box", _entry(2))
+    doc = json.loads(out.read_text())
+    doc["machines"]["bad-box"] = ["not", "a", "record"]
+    doc["machines"]["good-box"]["workloads"]["dataset x.Y"] = "not an entry"
+    out.write_text(json.dumps(doc))
+    proc = loadertune("show", str(out))
+    assert proc.returncode == 0 and "Traceback" not in proc.stdout + proc.stderr, proc.stderr
+    (bad,) = [line for line in proc.stdout.splitlines() if line.startswith("bad-box")]
+    assert 'damaged: its record is a list without a "workloads" object' in bad
+    assert "dataset x.Y  damaged: the entry is a str 'not an entry', not an object" in proc.stdout
+    assert "bs=16 w=2 pf=2" in proc.stdout
 
 
 def test_help_on_every_command() -> None:
@@ -373,10 +377,10 @@ def test_sigterm_saves_the_best_so_far_when_asked(tmp_path: Path) -> None:
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 143, err[-2000:]
     assert "marked partial" in err
-    machines = json.loads(out.read_text())["machines"]
-    assert machines["another-box"]["loader_kwargs"]["num_workers"] == 8  # still there
-    mine = machines[hardware.current_key()]
+    assert store.entry_for(out, "another-box")["loader_kwargs"]["num_workers"] == 8  # still there
+    ((key, mine),) = store.entries_for(out, hardware.current_key()).items()
     assert mine["partial"] is True and mine["loader_kwargs"]["batch_size"] == 16
+    assert key.startswith("script ") and key.split(":")[0].endswith("style_alias.py")
 
 
 def _carrying(name: str, value: str) -> list[psutil.Process]:
@@ -465,3 +469,61 @@ def test_an_unwritable_out_folder_is_refused_before_any_trial(tmp_path: Path) ->
     assert "cannot create files in the folder /sys/kernel" in proc.stderr
     assert "locked by another process" not in proc.stderr
     assert not mark.exists()
+
+
+def _two_scripts(folder: Path) -> tuple[Path, Path]:
+    """Two small training scripts, ``a.py`` and ``b.py``; their argument is the epochs."""
+    text = (
+        "import sys\nimport torch\nfrom torch.utils.data import DataLoader\n\n"
+        "loader = DataLoader(torch.arange({n}.0), batch_size={bs})\n"
+        "for _ in range(int(sys.argv[1])):\n    for x in loader:\n        pass\n"
+    )
+    a, b = folder / "a.py", folder / "b.py"
+    a.write_text(text.format(n=2048, bs=16))
+    b.write_text("# the second script\n" + text.format(n=4096, bs=64))
+    return a, b
+
+
+@pytest.mark.slow
+def test_two_scripts_tuned_into_one_file_keep_both_and_run_picks_its_own(tmp_path: Path) -> None:
+    """Issue 14: entries are per machine and workload. Tuning two scripts into one file keeps
+    both; `run` applies each script its own; a third script gets nothing, and is told why."""
+    a, b = _two_scripts(tmp_path)
+    out = tmp_path / "rec.json"
+    for script in (a, b):
+        summary(loadertune("search", str(script), "--out", str(out), "--json", *FAST, "--", "500"))
+    entries = store.entries_for(out, hardware.current_key())
+    assert set(entries) == {"script a.py:5", "script b.py:6"}
+    assert entries["script a.py:5"]["baseline"]["loader_kwargs"]["batch_size"] == 16
+    assert entries["script b.py:6"]["baseline"]["loader_kwargs"]["batch_size"] == 64
+    for script, site in ((a, "a.py:5"), (b, "b.py:6")):
+        proc = loadertune("run", str(script), "--file", str(out), "--", "1")
+        assert proc.returncode == 0, proc.stderr
+        (line,) = [x for x in proc.stderr.splitlines() if "DataLoader #1 at" in x]
+        assert line.split(":")[1].strip().endswith(site.split(":")[0]), line
+        assert "was measured on the loader at" not in line  # its own, not the other's
+    other = tmp_path / "c.py"
+    other.write_text(a.read_text())
+    proc = loadertune("run", str(other), "--file", str(out), "--", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "running without changes" in proc.stderr
+    assert "no entry for c.py on this machine" in proc.stderr
+    assert "other workloads only: script a.py:5; script b.py:6" in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_partial_result_never_replaces_a_complete_one(tmp_path: Path) -> None:
+    a, _ = _two_scripts(tmp_path)
+    out = tmp_path / "rec.json"
+    summary(loadertune("search", str(a), "--out", str(out), "--json", *FAST, "--", "500"))
+    complete = out.read_bytes()
+    args = ["search", str(a), "--out", str(out), "--budget", "120", "--window", "0.3"]
+    proc = _start_and_wait(
+        [*args, "--study", "partial-vs-complete", "--fresh", "--save-partial", "--", "100000"],
+        "partial-vs-complete",
+    )
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143, err[-2000:]
+    assert "which a partial one never replaces; it was kept" in err
+    assert out.read_bytes() == complete

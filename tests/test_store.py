@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -16,11 +17,20 @@ import pytest
 
 import loadertune
 from loadertune import store
-from loadertune.errors import NoRecommendationError, RecommendationFileError
+from loadertune.errors import NoRecommendationError, PartialNotSaved, RecommendationFileError
 
 
 def _entry(bs: int = 64, **extra: object) -> dict[str, object]:
     return {"loader_kwargs": {"batch_size": bs, "num_workers": 2}, **extra}
+
+
+def _flat(doc: dict) -> dict[str, object]:
+    """Machine key -> its only entry (these tests save one workload per machine)."""
+    out = {}
+    for key, machine in doc["machines"].items():
+        ((entry,),) = [list(machine["workloads"].values())]
+        out[key] = entry
+    return out
 
 
 def _backups(path: Path) -> list[Path]:
@@ -40,20 +50,20 @@ def test_save_creates_file_and_directories(tmp_path: Path) -> None:
     doc = json.loads(path.read_text())
     assert doc["schema"] == store.SCHEMA
     assert doc["schema_version"] == store.SCHEMA_VERSION
-    assert doc["machines"] == {"cpu-x2+nogpu": _entry()}
+    assert _flat(doc) == {"cpu-x2+nogpu": _entry()}
 
 
 def test_save_accepts_str_path(tmp_path: Path) -> None:
     path = tmp_path / "rec.json"
     assert store.save_entry(str(path), "k", _entry()) == path
-    assert store.read(str(path))["machines"]["k"] == _entry()
+    assert _flat(store.read(str(path)))["k"] == _entry()
 
 
 def test_save_merges_entries_of_two_keys(tmp_path: Path) -> None:
     path = tmp_path / "rec.json"
     store.save_entry(path, "machine-a", _entry(32))
     store.save_entry(path, "machine-b", _entry(128))
-    machines = store.read(path)["machines"]
+    machines = _flat(store.read(path))
     assert machines == {"machine-a": _entry(32), "machine-b": _entry(128)}
 
 
@@ -62,7 +72,7 @@ def test_save_replaces_the_entry_of_the_same_key(tmp_path: Path) -> None:
     store.save_entry(path, "machine-a", _entry(32))
     store.save_entry(path, "machine-b", _entry(128))
     store.save_entry(path, "machine-a", _entry(256, note="again"))
-    machines = store.read(path)["machines"]
+    machines = _flat(store.read(path))
     assert machines["machine-a"] == _entry(256, note="again")
     assert machines["machine-b"] == _entry(128)
 
@@ -96,7 +106,7 @@ def test_save_leaves_no_temporary_files(tmp_path: Path) -> None:
 def test_save_writes_non_json_values_as_text(tmp_path: Path) -> None:
     path = tmp_path / "rec.json"
     store.save_entry(path, "k", _entry(where=tmp_path))
-    assert store.read(path)["machines"]["k"]["where"] == str(tmp_path)
+    assert _flat(store.read(path))["k"]["where"] == str(tmp_path)
 
 
 # -- mode, owner, permissions (issue 14) ---------------------------------------------------------
@@ -168,6 +178,104 @@ def test_an_unwritable_folder_is_a_clear_error_at_once(tmp_path: Path) -> None:
                 store.check_writable(path)
 
 
+# -- entries per machine and workload (issue 14) -------------------------------------------------
+
+
+def _script(folder: Path, name: str, line: int, bs: int = 16, **extra: object) -> dict[str, object]:
+    """An entry of script ``folder/name``, its loader created at line ``line``."""
+    workload = {"kind": "script", "script": str(folder / name), "call_site": f"{name}:{line}"}
+    return {"loader_kwargs": {"batch_size": bs}, "workload": workload, **extra}
+
+
+def test_workload_keys(tmp_path: Path) -> None:
+    key = store.workload_key
+    assert key({"kind": "script", "script": "train.py", "call_site": "train.py:42"}) == (
+        "script train.py:42"
+    )
+    assert key({"kind": "script", "script": "./src/train.py", "call_site": "src/data.py:7"}) == (
+        "script src/train.py @ data.py:7"
+    )
+    assert key({"kind": "script", "script": "train.py"}) == "script train.py"
+    assert key({"kind": "dataset", "dataset": "pkg.Images"}) == "dataset pkg.Images"
+    assert key(None) == key({}) == key({"kind": "script"}) == store.UNKNOWN_WORKLOAD
+    # relative to the file's folder, wherever the search ran
+    script = tmp_path / "proj" / "train.py"
+    workload = {"kind": "script", "script": str(script), "call_site": "x/train.py:3"}
+    assert key(workload, file=tmp_path / "proj" / "rec.json") == "script train.py:3"
+    assert key(workload, file=tmp_path / "rec.json") == "script proj/train.py:3"
+
+
+def test_two_workloads_of_one_machine_are_both_kept(tmp_path: Path) -> None:
+    entry = functools.partial(_script, tmp_path)
+    path = tmp_path / "rec.json"
+    store.save_entry(path, "box", entry("a.py", 5, bs=16))
+    store.save_entry(path, "box", entry("b.py", 9, bs=64))
+    store.save_entry(path, "other", entry("a.py", 5, bs=8))
+    entries = store.entries_for(path, "box")
+    assert {k: e["loader_kwargs"]["batch_size"] for k, e in entries.items()} == {
+        "script a.py:5": 16,
+        "script b.py:9": 64,
+    }
+    assert store.entry_for(path, "box", "script b.py:9")["loader_kwargs"] == {"batch_size": 64}
+    store.save_entry(path, "box", entry("a.py", 5, bs=32))  # the same workload: replaced
+    assert store.entry_for(path, "box", "script a.py:5")["loader_kwargs"] == {"batch_size": 32}
+    assert len(store.entries_for(path, "box")) == 2
+
+
+def test_entry_for_says_which_workloads_there_are(tmp_path: Path) -> None:
+    entry = functools.partial(_script, tmp_path)
+    path = tmp_path / "rec.json"
+    store.save_entry(path, "box", entry("a.py", 5))
+    assert store.entry_for(path, "box") == entry("a.py", 5)  # the only one: no need to say
+    with pytest.raises(NoRecommendationError, match=r"no entry for script c.py:1 on this machine"):
+        store.entry_for(path, "box", "script c.py:1")
+    store.save_entry(path, "box", entry("b.py", 9))
+    with pytest.raises(
+        NoRecommendationError,
+        match=r"2 entries for this machine \(box\), one per workload: script a.py:5; "
+        r"script b.py:9. Say which one",
+    ):
+        store.entry_for(path, "box")
+    with pytest.raises(NoRecommendationError, match=r"other workloads only: script a.py:5"):
+        store.entry_for(path, "box", "script c.py:1")
+
+
+def test_a_partial_entry_never_replaces_a_complete_one(tmp_path: Path) -> None:
+    entry = functools.partial(_script, tmp_path)
+    path = tmp_path / "rec.json"
+    store.save_entry(path, "box", entry("a.py", 5, bs=16))
+    before = path.read_bytes()
+    with pytest.raises(PartialNotSaved, match=r"holds a complete result for script a.py:5"):
+        store.save_entry(path, "box", entry("a.py", 5, bs=64, partial=True))
+    assert path.read_bytes() == before
+    store.save_entry(path, "box", entry("b.py", 9, bs=64, partial=True))  # another workload
+    store.save_entry(path, "box", entry("b.py", 9, bs=32, partial=True))  # partial over partial
+    store.save_entry(path, "box", entry("b.py", 9, bs=8))  # complete over partial
+    assert store.entry_for(path, "box", "script b.py:9") == entry("b.py", 9, bs=8)
+
+
+def test_a_version_1_file_is_read_and_written_back_as_version_2(tmp_path: Path) -> None:
+    entry = functools.partial(_script, tmp_path)
+    path = tmp_path / "rec.json"
+    saved = entry("a.py", 5)
+    saved["workload"]["script"] = "a.py"  # as given to the search, in the file's folder
+    v1 = {
+        "schema": store.SCHEMA,
+        "schema_version": 1,
+        "machines": {"box": saved, "old": {"loader_kwargs": {"batch_size": 4}}},
+    }
+    path.write_text(json.dumps(v1))
+    assert store.entry_for(path, "box") == saved
+    assert store.entry_for(path, "old") == {"loader_kwargs": {"batch_size": 4}}
+    assert set(store.entries_for(path, "box")) == {"script a.py:5"}
+    assert set(store.entries_for(path, "old")) == {store.UNKNOWN_WORKLOAD}
+    store.save_entry(path, "box", entry("b.py", 9))
+    doc = json.loads(path.read_text())
+    assert doc["schema_version"] == 2
+    assert set(doc["machines"]["box"]["workloads"]) == {"script a.py:5", "script b.py:9"}
+    assert doc["machines"]["old"] == {"workloads": {"unknown": v1["machines"]["old"]}}
+
+
 # -- unreadable files -----------------------------------------------------------------------------
 
 _HEAD = '{"schema": "loadertune.recommendations", '
@@ -177,8 +285,8 @@ _BAD_FILES = {
     "wrong_schema": ('{"foo": 1, "machines": {}}', r"is not a loadertune recommendation file"),
     "json_list": ("[1, 2, 3]", r"is not a loadertune recommendation file"),
     "newer_version": (
-        _HEAD + '"schema_version": 2, "machines": {}}',
-        r"has schema_version 2; this loadertune reads version 1",
+        _HEAD + '"schema_version": 3, "machines": {}}',
+        r"has schema_version 3; this loadertune reads version 2",
     ),
     "version_zero": (_HEAD + '"schema_version": 0, "machines": {}}', r"has schema_version 0"),
     "version_text": (_HEAD + '"schema_version": "1", "machines": {}}', r"has schema_version '1'"),
@@ -219,7 +327,7 @@ def test_save_refuses_bad_file_and_leaves_it_alone(bad_file: tuple[Path, str, st
 def test_save_with_force_replaces_bad_file_keeping_a_copy(bad_file: tuple[Path, str, str]) -> None:
     path, text, _ = bad_file
     store.save_entry(path, "k", _entry(), force=True)
-    assert store.read(path)["machines"] == {"k": _entry()}
+    assert _flat(store.read(path)) == {"k": _entry()}
     backups = _backups(path)
     assert len(backups) == 1
     assert backups[0].parent == path.parent
@@ -332,7 +440,7 @@ def test_concurrent_saves_from_two_processes_both_land(tmp_path: Path) -> None:
         seen: dict[str, int] = {}
         while any(p.poll() is None for p in procs):
             if path.exists():
-                machines = store.read(path)["machines"]  # must parse at every moment
+                machines = _flat(store.read(path))  # must parse at every moment
                 # An entry, once written, is never lost or rolled back by the other process.
                 assert set(seen) <= set(machines)
                 for key, entry in machines.items():
@@ -349,8 +457,8 @@ def test_concurrent_saves_from_two_processes_both_land(tmp_path: Path) -> None:
         assert p.returncode == 0, err.decode()
     doc = store.read(path)
     assert set(doc["machines"]) == {"machine-a", "machine-b"}
-    for entry in doc["machines"].values():
+    for entry in _flat(doc).values():
         assert entry["i"] == _N_SAVES - 1
         assert entry["loader_kwargs"] == {"batch_size": _N_SAVES}
-    assert doc["machines"]["machine-a"]["pid"] != doc["machines"]["machine-b"]["pid"]
+    assert _flat(doc)["machine-a"]["pid"] != _flat(doc)["machine-b"]["pid"]
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []

@@ -144,6 +144,10 @@ class Apply:
     def on_create(self, record: LoaderRecord, arguments: dict[str, Any]) -> dict[str, Any]:
         if record.index != self.index:
             return arguments
+        return self.apply(record, arguments)
+
+    def apply(self, record: LoaderRecord, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Build loader ``record`` with these settings, and say so."""
         self.applied = record
         note = ""
         if self.expected_site and not matches_site(record.call_site, self.expected_site):
@@ -153,6 +157,26 @@ class Apply:
             f"{self.config.label()}{note}"
         )
         return dl.apply_settings(arguments, self.config)
+
+    def on_iter(
+        self, loader: DataLoader[Any], record: LoaderRecord, original: OriginalIter
+    ) -> Iterator[Any]:
+        return original(loader)
+
+
+class ApplyEach:
+    """A controller for several loaders of one script, each with its own saved settings: each
+    :class:`Apply` is applied to the first loader created at its ``expected_site``."""
+
+    def __init__(self, each: list[Apply]) -> None:
+        self.each = each
+
+    def on_create(self, record: LoaderRecord, arguments: dict[str, Any]) -> dict[str, Any]:
+        for apply in self.each:
+            site = apply.expected_site
+            if apply.applied is None and site and matches_site(record.call_site, site):
+                return apply.apply(record, arguments)
+        return arguments
 
     def on_iter(
         self, loader: DataLoader[Any], record: LoaderRecord, original: OriginalIter
