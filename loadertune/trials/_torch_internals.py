@@ -61,7 +61,7 @@ def missing(iterator: object | None = None) -> list[str]:
         for owner, name in REQUIRED
         if not hasattr(owner, name)
     ]
-    if not hasattr(DataLoader([0]), "_iterator"):
+    if not hasattr(DataLoader([0]), "_iterator"):  # type: ignore[arg-type]
         gone.append("DataLoader._iterator")
     if not hasattr(multiprocessing.Process(), "_popen"):
         gone.append("multiprocessing.Process._popen")
