@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import psutil
@@ -13,6 +14,16 @@ import pytest
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Studies go to a temporary directory, never to the user's cache."""
     os.environ["LOADERTUNE_CACHE_DIR"] = str(tmp_path_factory.mktemp("loadertune-cache"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _sigint_as_in_a_terminal() -> object:
+    """A suite started in the background by a shell without job control inherits SIGINT
+    ignored, and so would every CLI the tests start (Python keeps an ignored SIGINT ignored):
+    the Ctrl-C tests would then test the launcher. Run them as from a terminal."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 def _descendants() -> dict[int, psutil.Process]:

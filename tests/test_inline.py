@@ -6,6 +6,7 @@ import contextlib
 import gc
 import multiprocessing
 import os
+import signal
 import time
 from typing import ClassVar
 
@@ -121,6 +122,32 @@ def test_a_hung_step_is_interrupted() -> None:
     result = run(runner, Config(8), limits=Limits(hang_s=1.0, startup_s=10, timeout_s=30))
     assert result.error == "timeout"
     assert time.monotonic() - t0 < 15
+
+
+def test_a_hung_step_is_interrupted_where_sigint_is_ignored() -> None:
+    """A process started in the background by a shell without job control ignores SIGINT: the
+    watchdog's interrupt must still reach the step, and the disposition is put back after."""
+    calls = {"n": 0}
+
+    def step(batch):
+        calls["n"] += 1
+        if calls["n"] > 20:
+            time.sleep(3600)
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    t0 = time.monotonic()
+    try:
+        result = run(
+            InlineRunner(TensorDataset(n=100000), step=step),
+            Config(8),
+            limits=Limits(hang_s=1.0, startup_s=10, timeout_s=30),
+        )
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert result.error == "timeout"
+    assert time.monotonic() - t0 < 15  # interrupted, not left hanging (forever, but for pytest's
+    # own time limit, which the runner would then report as the trial's failure)
 
 
 def test_dataset_bug_is_a_user_bug() -> None:

@@ -83,12 +83,20 @@ class _Watchdog:
         self._thread = threading.Thread(target=self._run, name="loadertune-watchdog", daemon=True)
 
     def __enter__(self) -> _Watchdog:
+        # The interrupt needs Python's own SIGINT handler. A process started in the background
+        # by a shell without job control (nohup, `cmd &` in a script) inherits SIGINT ignored,
+        # and a hung step would never be interrupted: restore the handler for the trial.
+        self._sigint = signal.getsignal(signal.SIGINT) if self._main is not None else None
+        if self._main is not None and not callable(self._sigint):
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._done.set()
         self._thread.join(timeout=5)
+        if self._main is not None and not callable(self._sigint):
+            signal.signal(signal.SIGINT, self._sigint)
 
     def _run(self) -> None:
         while not self._done.wait(0.1):
