@@ -61,16 +61,13 @@ class _Terminated(KeyboardInterrupt):
 
 
 @contextmanager
-def _interrupts_stop(view: LiveView) -> Iterator[None]:
-    """Ctrl-C and SIGTERM end a search: the trial stopped, the study kept. Each raises where it
-    lands, and is also handed to the live view, which raises it again before the next trial:
-    a library that catches the first one and goes on does not keep the search running (seen
-    once in a while, in a long test run). Restored after."""
+def _interrupts_stop() -> Iterator[None]:
+    """Ctrl-C and SIGTERM end a search: the trial stopped, the study kept. Both handlers are
+    set here, SIGINT's too: a CLI started in the background by a shell without job control
+    inherits SIGINT ignored, and `kill -INT` would otherwise do nothing. Restored after."""
 
     def handler(signum: int, frame: Any) -> None:
-        exc = _Terminated("SIGTERM") if signum == signal.SIGTERM else KeyboardInterrupt()
-        view.stop(exc)
-        raise exc
+        raise _Terminated("SIGTERM") if signum == signal.SIGTERM else KeyboardInterrupt()
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -215,7 +212,7 @@ def search(
         if not force:
             store.read(out)  # an unreadable file is reported now, not after the search
         store.check_writable(out)  # so are a read-only file and a folder that cannot be written
-        with LiveView(_err) as view, _interrupts_stop(view):
+        with LiveView(_err) as view, _interrupts_stop():
             rec = api.tune_script(
                 script,
                 script_args,

@@ -65,7 +65,6 @@ class LiveView:
         self._best: TrialResult | None = None
         self._n = 0
         self._last: list[str] = []
-        self._stop: KeyboardInterrupt | None = None
 
     def __enter__(self) -> LiveView:
         if self.console.is_terminal:
@@ -112,14 +111,7 @@ class LiveView:
         self._phase = name
         self._refresh()
 
-    def stop(self, exc: KeyboardInterrupt) -> None:
-        """Ask the search to stop: ``exc`` is raised at the next trial boundary, should the one
-        a signal handler raised have been lost on the way (a library that catches and goes on)."""
-        self._stop = exc
-
     def trial_started(self, config: Config | None, phase: str) -> None:
-        if self._stop is not None:  # before the trial: the last one's result is kept
-            raise self._stop
         self._n += 1
         self._current = f"{phase} {config.label() if config else '(its own settings)'}"
         self._refresh()

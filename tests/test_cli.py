@@ -10,6 +10,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -290,7 +291,12 @@ def test_help_on_every_command() -> None:
         assert proc.returncode == 0 and "Usage:" in proc.stdout
 
 
-def _start_and_wait(args: list[str], study_name: str, n_complete: int = 3) -> subprocess.Popen[str]:
+def _start_and_wait(
+    args: list[str],
+    study_name: str,
+    n_complete: int = 3,
+    preexec_fn: Callable[[], object] | None = None,
+) -> subprocess.Popen[str]:
     """Start `loadertune ARGS` and return once its study holds ``n_complete`` finished trials."""
     import optuna
 
@@ -299,6 +305,7 @@ def _start_and_wait(args: list[str], study_name: str, n_complete: int = 3) -> su
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=preexec_fn,
     )
     storage = f"sqlite:///{Path(os.environ['LOADERTUNE_CACHE_DIR']) / 'studies.db'}"
     deadline = time.monotonic() + 60
@@ -352,6 +359,35 @@ def test_ctrl_c_keeps_the_study_and_the_file_and_resumes(tmp_path: Path) -> None
     data = summary(again)
     assert data["search"]["n_previous_trials"] >= 3
     assert "probe" not in [t["phase"] for t in data["trials"]]
+
+
+@pytest.mark.slow
+def test_sigint_stops_a_search_started_with_sigint_ignored(tmp_path: Path) -> None:
+    """`cmd &` in a script (no job control) starts the CLI with SIGINT ignored; `kill -INT`
+    must still stop it cleanly."""
+    args = [
+        "search",
+        str(SCRIPTS / "style_alias.py"),
+        "--out",
+        str(tmp_path / "rec.json"),
+        "--budget",
+        "120",
+        "--window",
+        "0.3",
+        "--study",
+        "sigint-ignored",
+        "--fresh",
+    ]
+    proc = _start_and_wait(
+        args,
+        "sigint-ignored",
+        n_complete=1,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    proc.send_signal(signal.SIGINT)
+    err = _communicate_or_dump(proc, timeout=30)
+    assert proc.returncode == 130, err[-2000:]
+    assert "run the same command again" in err
 
 
 @pytest.mark.slow

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 
-import pytest
 from rich.console import Console
 
 from loadertune.config import Config
@@ -289,12 +288,3 @@ def test_the_summary_survives_an_empty_diagnosis() -> None:
     rec = _recommendation(diagnosis={}, best_at_batch_size={"samples_per_s": 1.0}, search={})
     assert summary_lines(rec)[-1].endswith("stopped: unknown")
     assert "bs=64 w=0" in _render(summary_table(rec))
-
-
-def test_a_stop_request_is_raised_before_the_next_trial() -> None:
-    view = LiveView(Console(file=io.StringIO(), force_terminal=False))
-    view.trial_started(Config(32), "search")
-    view.stop(KeyboardInterrupt("SIGINT"))
-    view.trial_finished(OK, OK)  # the trial that ran is still reported
-    with pytest.raises(KeyboardInterrupt, match="SIGINT"):
-        view.trial_started(Config(64), "search")
