@@ -11,7 +11,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from loadertune.api import load_recommendation, tune_loader
+from loadertune.api import tune_loader
 from loadertune.errors import (
     ConfigError,
     LoadertuneError,
@@ -22,6 +22,7 @@ from loadertune.errors import (
     UserCodeError,
 )
 from loadertune.recommendation import Recommendation
+from loadertune.saved import load_recommendation
 
 __all__ = [
     "ConfigError",

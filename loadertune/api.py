@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime as _dt
 import hashlib
 import inspect
 import os
@@ -18,12 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from loadertune import hardware, store
+from loadertune import hardware
 from loadertune.config import TUNED_KEYS, Config, check_max_workers, normalize_batch_sizes
 from loadertune.errors import (
     ConfigError,
-    NoRecommendationError,
-    RecommendationFileError,
     SearchInterrupted,
 )
 from loadertune.hardware import Hardware
@@ -32,7 +29,7 @@ from loadertune.search import Observer, Search, SearchSettings
 from loadertune.trials import TrialRunner
 
 if TYPE_CHECKING:
-    from loadertune.trials.patch import Apply, ApplyEach
+    pass
 
 DEFAULT_BATCH_SIZE = 32  # the baseline's batch size when the user names none
 
@@ -327,148 +324,3 @@ def _check_baseline(baseline: Mapping[str, Any]) -> None:
             f"baseline takes only {list(TUNED_KEYS)}, but got {unknown}; pass the "
             "other DataLoader arguments to tune_loader itself."
         )
-
-
-def load_recommendation(
-    path: str | os.PathLike[str] = "loadertune.json",
-    *,
-    hardware_key: str | None = None,
-    workload: object = None,
-) -> dict[str, Any]:
-    """The saved DataLoader keyword arguments for this machine (and workload).
-
-    Args:
-        path: the recommendation file.
-        hardware_key: another machine's key (default: this machine's).
-        workload: which workload's entry, when the file holds several for the machine: the
-            dataset you tuned (its type picks the entry), or a workload key as ``loadertune
-            show`` prints it (``"script train.py:42"``). None: the machine's only entry.
-
-    Raises:
-        NoRecommendationError: no entry for the machine, or for the workload (the message lists
-            those there are), or several and no ``workload`` named.
-        RecommendationFileError: the file is not a readable recommendation file.
-
-    Example:
-        >>> loader = DataLoader(dataset, **load_recommendation("loadertune.json"))
-        >>> loader = DataLoader(dataset, **load_recommendation("loadertune.json", workload=dataset))
-    """
-    key = hardware_key or hardware.current_key()
-    if workload is not None and not isinstance(workload, str):
-        kind = type(workload)
-        workload = store.workload_key(
-            {"kind": "dataset", "dataset": f"{kind.__module__}.{kind.__qualname__}"}
-        )
-    return dict(store.entry_for(path, key, workload)["loader_kwargs"])
-
-
-def _apply_saved(
-    script: str | os.PathLike[str], path: str | os.PathLike[str], report: Callable[[str], None]
-) -> Apply | ApplyEach:
-    """The controller applying this machine's entries for ``script``: one loader's (by its
-    order of creation), or several loaders' (each by its call site)."""
-    from loadertune.trials.patch import Apply, ApplyEach
-
-    workloads = store.entries_for(path, hardware.current_key())
-    mine = store.of_script(workloads, script, file=path)
-    if not mine and set(workloads) == {store.UNKNOWN_WORKLOAD}:
-        mine = workloads  # an entry that does not say what it was measured on
-    if not mine:
-        name = store.script_name(script, file=path)
-        raise NoRecommendationError(
-            f"{path} has no entry for {name} on this machine; it has entries for other "
-            f"workloads only: {'; '.join(sorted(workloads))}. "
-            f"Run `loadertune search {script}` to add one."
-        )
-    each = []
-    for wkey, entry in sorted(mine.items()):
-        problem = store.entry_problem(entry)
-        if problem is not None:
-            raise RecommendationFileError(f"{path}: the entry for {wkey} {problem}.")
-        workload = entry.get("workload")
-        workload = workload if isinstance(workload, dict) else {}
-        each.append(
-            Apply(
-                # Without "batch_size" in the entry, the script's batch sampler decides.
-                Config.from_kwargs(entry["loader_kwargs"], batch_size=1),
-                index=int(workload.get("loader_index") or 1),
-                expected_site=workload.get("call_site"),
-                report=report,
-            )
-        )
-    return each[0] if len(each) == 1 else ApplyEach(each)
-
-
-def run_script(
-    script: str | os.PathLike[str],
-    args: Sequence[str] = (),
-    *,
-    path: str | os.PathLike[str] = "loadertune.json",
-    report: Callable[[str], None] = print,
-) -> int:
-    """Run a training script for real with this machine's saved settings for it applied to its
-    loader (or loaders, when several were tuned).
-
-    Prints (through ``report``) what was applied, or why nothing was: an entry for another
-    workload only (another script) is never applied. Returns the script's exit status; the
-    script's own exceptions propagate.
-    """
-    from loadertune.errors import LoadertuneError
-    from loadertune.trials.child import run_as_main
-    from loadertune.trials.patch import ApplyEach, patched
-    from loadertune.trials.script import check_script
-
-    check_script(script)
-    controller = None
-    try:
-        controller = _apply_saved(script, path, report)
-    except LoadertuneError as exc:
-        report(f"loadertune: running without changes: {exc}")
-    try:
-        if controller is None:
-            run_as_main(str(script), list(args))
-        else:
-            with patched(controller):
-                run_as_main(str(script), list(args))
-                for apply in controller.each if isinstance(controller, ApplyEach) else [controller]:
-                    if apply.applied is None:
-                        which = (
-                            f"at {apply.expected_site}"
-                            if isinstance(controller, ApplyEach)
-                            else f"#{apply.index}"
-                        )
-                        report(f"loadertune: the script created no DataLoader {which}; not applied")
-    except SystemExit as exc:
-        code = exc.code
-        return code if isinstance(code, int) else (0 if code is None else 1)
-    return 0
-
-
-def save_partial(
-    path: str | os.PathLike[str], interrupted: SearchInterrupted, *, force: bool = False
-) -> str | None:
-    """After an interrupted search, merge its best setting so far into ``path``, marked
-    ``"partial": true``. Returns the path, or None when no trial had finished.
-
-    Raises:
-        PartialNotSaved: the file holds a complete entry for this machine and workload, which
-            is kept.
-    """
-    if not interrupted.best:
-        return None
-    hw = hardware.detect()
-    entry = {
-        **interrupted.best,
-        "partial": True,
-        "workload": interrupted.workload or {},
-        "hardware": hw.to_dict(),
-        "measured_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "versions": hw.versions,
-        "search": {
-            "study_name": interrupted.study_name,
-            "storage": interrupted.storage,
-            "stop_reason": "interrupted",
-            "n_complete": interrupted.n_complete,
-        },
-    }
-    return str(store.save_entry(path, hw.key, entry, force=force))

@@ -19,7 +19,7 @@ import click
 from rich.console import Console
 from rich.text import Text
 
-from loadertune import __version__, api, hardware, store
+from loadertune import __version__, api, hardware, saved, store
 from loadertune.config import Config
 from loadertune.errors import LoadertuneError, PartialNotSaved, SearchInterrupted
 from loadertune.report import LiveView, plain_console, print_summary
@@ -226,15 +226,15 @@ def search(
         _say("yellow", exc)
         if save_partial:
             try:
-                saved = api.save_partial(out, exc, force=force)
+                saved_to = saved.save_partial(out, exc, force=force)
             except PartialNotSaved as err:
                 _say("yellow", err)  # a complete entry is kept: not an error
             except LoadertuneError as err:
                 _fail(err)
             else:
                 _err.print(
-                    f"loadertune: the best setting so far saved to {saved}, marked partial"
-                    if saved
+                    f"loadertune: the best setting so far saved to {saved_to}, marked partial"
+                    if saved_to
                     else "loadertune: no setting finished; nothing saved",
                     highlight=False,
                     soft_wrap=True,
@@ -275,7 +275,7 @@ def search(
 def run(script: str, script_args: tuple[str, ...], path: str) -> None:
     """Run SCRIPT for real with this machine's saved settings applied to its DataLoader."""
     try:
-        code = api.run_script(
+        code = saved.run_script(
             script,
             script_args,
             path=path,

@@ -26,6 +26,7 @@ RANKS = {
     "loadertune.recommendation": 7,
     "loadertune.report": 8,
     "loadertune.api": 9,
+    "loadertune.saved": 9,
     "loadertune.cli": 10,
     "loadertune": 11,  # the package's __init__: the public face
     "loadertune.__main__": 12,
