@@ -528,8 +528,8 @@ def test_the_best_of_each_batch_size_that_waits_for_data_climbs(tmp_path, hw) ->
         Config(128, 2, 2): (500.0, 0.5),  # under 60% of the best
     }
     for config, (value, blocked) in measured.items():
-        search.values[config] = value
-        search._blocked[config] = blocked
+        search.ledger.values[config] = value
+        search.ledger.blocked[config] = blocked
     search._climb(space)
     assert search._plan == [Config(32, 8, 2)]
     search._climb(space)

@@ -13,23 +13,15 @@ from loadertune.hardware import Hardware
 from loadertune.measure.resources import tree_pss
 from loadertune.search import plan
 from loadertune.search.confirm import Confirmation, confirm
-from loadertune.search.frontier import Frontier
+from loadertune.search.ledger import Ledger
 from loadertune.search.limits import limits_for, typical_wall
 from loadertune.search.outcome import Observer, SearchOutcome
-from loadertune.search.probe import (
-    IO_BOUND_CPU_FRACTION,
-    Estimates,
-    estimate,
-    seed_configs,
-    workers_to_feed,
-)
+from loadertune.search.probe import Estimates, estimate, seed_configs, space_for
 from loadertune.search.settings import SearchSettings, default_storage
-from loadertune.search.space import SearchSpace, widened, worker_cap
+from loadertune.search.space import SearchSpace, widened
 from loadertune.search.stop import loader_keeps_up
 from loadertune.search.study import Previous, StudyLog, quiet_optuna
 from loadertune.trials import Limits, TrialResult, TrialRunner, window_for
-
-MIN_EXPLORED = 3  # search trials that run before any time is kept for the confirmation
 
 
 class Search:
@@ -62,18 +54,9 @@ class Search:
         self.settings = settings
         self.observer = observer
         self.storage = settings.storage or default_storage()
-        self.trials: list[TrialResult] = []
-        self.values: dict[Config, float] = {}  # best rate per setting, earlier runs included
-        self.samples: dict[Config, list[float]] = {}  # every full rate measured in this run
-        self.frontier = Frontier(margin=settings.memory_margin)
-        self.best: TrialResult | None = None
-        self._best_value = 0.0
-        self._since_gain = 0
-        self._n_run = 0
-        self._n_explored = 0  # search-phase trials run (not probe, baseline or confirmation)
+        self.ledger = Ledger(memory_margin=settings.memory_margin, min_gain=settings.min_gain)
         self._climbed: set[Config] = set()  # settings the climb planned
         self._plan: list[Config] = []  # settings to run next, first first (then Optuna's)
-        self._blocked: dict[Config, float] = {}  # blocked fraction of each setting's last run
         self._deadline = 0.0
         self._memory_budget: int | None = None
 
@@ -93,11 +76,11 @@ class Search:
         return self._deadline - time.monotonic()
 
     def _typical_wall(self) -> float:
-        return typical_wall(self.trials, default_s=self.settings.trial_window_s + 1.0)
+        return typical_wall(self.ledger.trials, default_s=self.settings.trial_window_s + 1.0)
 
     def _limits(self) -> Limits:
         return limits_for(
-            self.trials,
+            self.ledger.trials,
             startup_timeout_s=self.settings.startup_timeout_s,
             default_wall_s=self.settings.trial_window_s + 1.0,
             memory_budget_bytes=self._memory_budget,
@@ -106,7 +89,7 @@ class Search:
     def _prune_rule(self, index: int, running: float) -> bool:
         """Stop a trial clearly below the best so far. "The best" is the median of the three
         best settings' rates: one lucky measurement must not prune everything after it."""
-        return index >= 1 and running < self.settings.prune_ratio * self._robust_best()
+        return index >= 1 and running < self.settings.prune_ratio * self.ledger.robust_best()
 
     def _measure(self, config: Config | None, phase: str, *, prunable: bool = False) -> TrialResult:
         """Run one trial (``config=None``: the workload's own settings) and learn from it."""
@@ -126,43 +109,14 @@ class Search:
             phase=phase,
             should_stop=self._prune_rule if prunable else None,
         )
-        self.trials.append(result)
-        if phase != "replay":
-            self._n_run += phase != "confirm"
-            self._n_explored += phase == "search"
-            self._learn(result)
+        self.ledger.add(result)
         if self.observer:
-            self.observer.trial_finished(result, self.best)
+            self.observer.trial_finished(result, self.ledger.best)
         if result.failure is not None and result.failure.user_bug:
             raise self.runner.user_error(
                 result.failure.message, kind=result.failure.kind, detail=result.failure.detail
             )
         return result
-
-    def _learn(self, result: TrialResult) -> None:
-        self.frontier.learn(result)
-        if result.failure is not None:
-            self._since_gain += 1
-            return
-        value = result.epoch_samples_per_s
-        if value is None or result.pruned or result.phase == "confirm":
-            self._since_gain += result.phase != "confirm"
-            return
-        # A gain beats the robust best (the median of the three best), not one lucky figure.
-        bar = self._robust_best()
-        self.values[result.config] = max(value, self.values.get(result.config, 0.0))
-        self.samples.setdefault(result.config, []).append(value)
-        if result.measurement is not None and result.phase == "search":
-            self._blocked[result.config] = result.measurement.blocked_fraction
-        if value > bar * (1 + self.settings.min_gain):
-            self._since_gain = 0
-        else:
-            self._since_gain += 1
-        if value > self._best_value:
-            self.best, self._best_value = result, value
-
-    def _robust_best(self) -> float:
-        return plan.robust_best(self.values)
 
     # -- phases ----------------------------------------------------------------------------------
 
@@ -197,7 +151,7 @@ class Search:
         if (
             (cap is None or cap >= 1)
             and self.baseline.num_workers == 0
-            and self._fits(2 + MIN_EXPLORED)
+            and self._fits(2 + plan.MIN_EXPLORED)
         ):
             w1 = self._measure(Config(bs, 1, 2, False, False), "probe")
         replay = self._measure(Config(bs), "replay") if w0.ok and self._fits() else None
@@ -211,34 +165,20 @@ class Search:
 
     def _build_space(
         self, w0: TrialResult, w1: TrialResult | None, replay: TrialResult | None
-    ) -> tuple[SearchSpace, dict[str, int]]:
-        m0 = w0.measurement
-        io_bound = m0 is not None and (m0.blocked_cpu_fraction or 1.0) < IO_BOUND_CPU_FRACTION
-        worker_pss = w1.resources.worker_pss_bytes if w1 and w1.resources else None
-        cap, limits = worker_cap(
-            usable_cpus=self.hw.usable_cpus,
-            io_bound=io_bound,
-            workers_needed=workers_to_feed(w0, replay, self.hw.usable_cpus),
-            ram_budget_bytes=self._memory_budget,
-            worker_pss_bytes=worker_pss,
-            open_files_limit=self.hw.open_files_limit,
-            user_max=self.settings.max_workers,
-        )
-        in_flight_budget = None
-        if self.hw.shm_free_bytes:
-            in_flight_budget = self.settings.shm_fraction * self.hw.shm_free_bytes
-        space = SearchSpace(
+    ) -> SearchSpace:
+        return space_for(
+            w0,
+            w1,
+            replay,
+            hw=self.hw,
+            settings=self.settings,
             batch_sizes=self.batch_sizes,
-            max_workers=cap,
-            pin_memory=(False, True) if self.runner.uses_cuda else (False,),
-            persistent_workers=(False, True)
-            if self.runner.epoch_samples
-            else (self.baseline.persistent_workers,),
-            max_in_flight_bytes=in_flight_budget,
+            uses_cuda=self.runner.uses_cuda,
+            epoch_samples=self.runner.epoch_samples,
             bytes_per_sample=self.runner.bytes_per_sample,
-            limits=limits,
+            persistent_workers=self.baseline.persistent_workers,
+            ram_budget_bytes=self._memory_budget,
         )
-        return space, limits
 
     def _stop_reason(
         self, space_size: int, n_batch_sizes: int, est: Estimates | None, reserve_s: float
@@ -246,16 +186,16 @@ class Search:
         s = self.settings
         if self._remaining() - reserve_s < self._typical_wall():
             return "budget"
-        if s.n_trials is not None and self._n_run >= s.n_trials:
+        if s.n_trials is not None and self.ledger.n_run >= s.n_trials:
             return "n_trials"
-        if self._since_gain >= s.patience:
+        if self.ledger.since_gain >= s.patience:
             return "no_improvement"
-        if len(self.values) + len(self.frontier.failed) >= space_size:
+        if len(self.ledger.values) + len(self.ledger.frontier.failed) >= space_size:
             return "space_exhausted"
         if (
             est is not None
             and n_batch_sizes == 1
-            and self._best_value >= 0.97 * max(est.hard_ceiling, est.in_process_samples_per_s)
+            and self.ledger.best_value >= 0.97 * max(est.hard_ceiling, est.in_process_samples_per_s)
         ):
             return "at_ceiling"
         return None
@@ -269,12 +209,19 @@ class Search:
         idle = 0  # consecutive proposals that ran nothing (duplicates, skips)
         verified = False
         while True:
-            if not verified and self.frontier.memory_model()[0] is not None:
+            if not verified and self.ledger.frontier.memory_model()[0] is not None:
                 verified = True  # once, as soon as two batch sizes have run: verify the largest
-                size = self.frontier.largest_safe_batch(list(space.batch_sizes))
-                if self.best and size and not any(c.batch_size == size for c in self.values):
+                size = self.ledger.frontier.largest_safe_batch(list(space.batch_sizes))
+                if (
+                    self.ledger.best
+                    and size
+                    and not any(c.batch_size == size for c in self.ledger.values)
+                ):
                     self._plan.insert(
-                        0, space.nearest(dataclasses.replace(self.best.config, batch_size=size))
+                        0,
+                        space.nearest(
+                            dataclasses.replace(self.ledger.best.config, batch_size=size)
+                        ),
                     )
             wider = self._widen(space)
             if wider is not space:
@@ -289,14 +236,14 @@ class Search:
                 return "no_new_proposals", space
             self._next_planned(log, space)
             config = log.ask(space)
-            skip = space.rejects(config) or self.frontier.rules_out(config)
+            skip = space.rejects(config) or self.ledger.frontier.rules_out(config)
             if skip is not None:
                 log.skip(skip)
                 idle += 1
                 continue
-            if config in self.values:  # measured already: reuse the value
-                log.duplicate(self.values[config])
-                self._since_gain += 1
+            if config in self.ledger.values:  # measured already: reuse the value
+                log.duplicate(self.ledger.values[config])
+                self.ledger.since_gain += 1
                 idle += 1
                 continue
             idle = 0
@@ -309,9 +256,9 @@ class Search:
         while self._plan:
             config = self._plan.pop(0)
             if (
-                config not in self.values
+                config not in self.ledger.values
                 and space.rejects(config) is None
-                and self.frontier.rules_out(config) is None
+                and self.ledger.frontier.rules_out(config) is None
             ):
                 log.enqueue(config)
                 return
@@ -320,50 +267,42 @@ class Search:
         """Plan the climbs (see :func:`plan.climbs`) ahead of the remaining seeds, each once."""
 
         def skip(config: Config) -> bool:
-            seen = config in self._climbed or config in self.values
+            seen = config in self._climbed or config in self.ledger.values
             self._climbed.add(config)
-            return seen or self.frontier.rules_out(config) is not None
+            return seen or self.ledger.frontier.rules_out(config) is not None
 
-        self._plan[:0] = plan.climbs(self.values, self._blocked, space, skip=skip)
+        self._plan[:0] = plan.climbs(self.ledger.values, self.ledger.blocked, space, skip=skip)
 
     def _widen(self, space: SearchSpace) -> SearchSpace:
         """No rule of thumb caps the workers: when the best sits at the edge of the range and
         only the CPU rule set that edge, double the range and try past the edge next."""
-        if self.best is None:
+        if self.ledger.best is None:
             return space
-        best = self.best.config
+        best = self.ledger.best.config
         wider = widened(space, best_workers=best.num_workers)
         if wider is not space:
             self._plan[:0] = plan.past_the_edge(best, wider)
-            self._since_gain = 0  # a new region: patience starts again
+            self.ledger.since_gain = 0  # a new region: patience starts again
         return wider
 
     def _confirm_cost(self) -> float:
-        """Seconds to keep for the confirmation: two interleaved rounds of each finalist that
-        beats the baseline, and of the baseline, at most 35% of the budget. Nothing is kept
-        before the first few settings of the exploration have run (the probe's predicted best
-        among them), or while nothing beats the baseline: exploring is then worth more than
-        re-measuring."""
-        if self._n_explored < MIN_EXPLORED:
-            return 0.0  # the probe's own figures are too few to be worth confirming yet
-        base = self.values.get(self._baseline) if self._baseline is not None else None
-        contenders = [
-            c
-            for c in self._finalists()
-            if c != self._baseline and (base is None or self.values[c] > base)
-        ]
-        if not contenders:
-            return 0.0
-        rounds = min(2, self.settings.confirm_rounds)
-        cost = (len(contenders) + 1) * rounds * self._typical_wall()
-        return min(0.35 * self.settings.budget_s, cost)
+        """Seconds to keep for the confirmation (see :func:`plan.confirm_cost`)."""
+        return plan.confirm_cost(
+            self.ledger.values,
+            self._finalists(),
+            baseline=self._baseline,
+            n_explored=self.ledger.n_explored,
+            trial_wall_s=self._typical_wall(),
+            rounds=min(2, self.settings.confirm_rounds),
+            budget_s=self.settings.budget_s,
+        )
 
     def _finalists(self) -> list[Config]:
         return plan.finalists(
-            self.values,
+            self.ledger.values,
             n=self.settings.finalists,
             user_batch_size=self.baseline.batch_size,
-            may_win=self.frontier.may_win,
+            may_win=self.ledger.frontier.may_win,
         )
 
     def _confirm(
@@ -377,7 +316,9 @@ class Search:
         )
         # The winner must have figures from this run: a resumed search's leader measured only
         # in an earlier run is measured once even past the deadline.
-        unmeasured = bool(finalists) and not any(t.config == finalists[0] for t in self.trials)
+        unmeasured = bool(finalists) and not any(
+            t.config == finalists[0] for t in self.ledger.trials
+        )
         if rounds < 1 and not unmeasured:
             return None
 
@@ -394,7 +335,7 @@ class Search:
             deadline=self._deadline,
             trial_wall_s=wall,
             measure_first=unmeasured,
-            prior=self.samples,
+            prior=self.ledger.samples,
         )
 
     # -- the whole search --------------------------------------------------------------------------
@@ -422,11 +363,11 @@ class Search:
                 log.abandon("interrupted")
                 n = log.n_complete()
                 best = None
-                if self.best is not None:
+                if self.ledger.best is not None:
                     best = {
-                        "loader_kwargs": self.best.params,
-                        "samples_per_s": self.best.samples_per_s,
-                        "epoch_samples_per_s": self.best.epoch_samples_per_s,
+                        "loader_kwargs": self.ledger.best.params,
+                        "samples_per_s": self.ledger.best.samples_per_s,
+                        "epoch_samples_per_s": self.ledger.best.epoch_samples_per_s,
                     }
                 raise SearchInterrupted(
                     f"search interrupted; {n} completed trials are kept in study "
@@ -446,7 +387,7 @@ class Search:
         if self.observer:
             self.observer.phase("probe")
         w0, w1, replay = self._probe()
-        space, _ = self._build_space(w0, w1, replay)
+        space = self._build_space(w0, w1, replay)
         est = (
             estimate(
                 w0=w0,
@@ -460,16 +401,14 @@ class Search:
             else None
         )
         log.save_probe(space, est, self.baseline)
-        for result in self.trials:
+        for result in self.ledger.trials:
             if result.phase in ("baseline", "probe"):
                 log.record(space, result)
         return space, est
 
     def _resume(self, previous: Previous) -> tuple[SearchSpace, Estimates | None]:
         """An earlier run's study: its space, estimates and values, and no probe again."""
-        self.values.update(previous.values)
-        self.frontier.learn_previous(list(previous.values), previous.failed)
-        self._best_value = max(self.values.values(), default=0.0)
+        self.ledger.add_previous(previous)
         if self._baseline is None:
             self._measure_baseline()
         space = dataclasses.replace(
@@ -482,7 +421,7 @@ class Search:
         self, log: StudyLog, space: SearchSpace, est: Estimates | None
     ) -> tuple[str, SearchSpace]:
         """Stop at once when the loader keeps up; else enqueue the seeds and explore."""
-        base = next((t for t in self.trials if t.phase == "baseline"), None)
+        base = next((t for t in self.ledger.trials if t.phase == "baseline"), None)
         if len(space.batch_sizes) == 1 and loader_keeps_up(base, est):
             return "compute_bound", space  # nothing to gain: confirm the baseline and stop
         if self.observer:
@@ -498,7 +437,7 @@ class Search:
             else []
         )
         for seed in seeds:
-            if seed not in self.values:
+            if seed not in self.ledger.values:
                 self._plan.append(seed)
         return self._explore(log, space, est)
 
@@ -510,10 +449,12 @@ class Search:
             self.observer.phase("confirm")
         confirmation = self._confirm(log, space, baseline_only=reason == "compute_bound")
         winner = (confirmation.winner if confirmation and confirmation.winner else None) or (
-            max(self.values, key=lambda c: self.values[c]) if self.values else None
+            max(self.ledger.values, key=lambda c: self.ledger.values[c])
+            if self.ledger.values
+            else None
         )
         if winner is None:
-            causes = sorted({kind for _, kind in self.frontier.failed})
+            causes = sorted({kind for _, kind in self.ledger.frontier.failed})
             raise LoadertuneError(
                 f"every trial failed ({', '.join(causes) or 'no result'}); "
                 "see the trial table for each cause and its fix"
@@ -521,7 +462,7 @@ class Search:
         return SearchOutcome(
             baseline=self.baseline,
             winner=winner,
-            trials=self.trials,
+            trials=self.ledger.trials,
             confirmation=confirmation,
             estimates=est,
             space=space,
@@ -531,5 +472,5 @@ class Search:
             elapsed_s=time.monotonic() - t0,
             n_previous_trials=log.n_at_start,
             user_batch_size=self.baseline.batch_size,
-            values=dict(self.values),
+            values=dict(self.ledger.values),
         )

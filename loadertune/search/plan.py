@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from loadertune.config import Config
 from loadertune.search.space import SearchSpace
 
+MIN_EXPLORED = 3  # search trials that run before any time is kept for the confirmation
 CLIMB_BLOCKED = 0.10  # the best setting waits this much for data: try it with more workers
 CLIMB_WITHIN = 0.6  # ... if it reaches this share of the best rate
 FINALIST_WITHIN = 0.7  # finalists reach this share of the best (one unlucky figure is not out)
@@ -103,3 +104,27 @@ def finalists(
     top = [c for c in ranked if values[c] >= FINALIST_WITHIN * values[ranked[0]]][:n]
     at_user_bs = [c for c in ranked if c.batch_size == user_batch_size][:1]
     return list(dict.fromkeys([*top, *at_user_bs]))
+
+
+def confirm_cost(
+    values: Mapping[Config, float],
+    finalists: list[Config],
+    *,
+    baseline: Config | None,
+    n_explored: int,
+    trial_wall_s: float,
+    rounds: int,
+    budget_s: float,
+) -> float:
+    """Seconds to keep for the confirmation: ``rounds`` interleaved rounds of each finalist
+    that beats the baseline, and of the baseline, at most 35% of the budget. Nothing is kept
+    before the first :data:`MIN_EXPLORED` settings of the exploration have run (the probe's
+    predicted best among them), or while nothing beats the baseline: exploring is then worth
+    more than re-measuring."""
+    if n_explored < MIN_EXPLORED:
+        return 0.0
+    base = values.get(baseline) if baseline is not None else None
+    contenders = [c for c in finalists if c != baseline and (base is None or values[c] > base)]
+    if not contenders:
+        return 0.0
+    return min(0.35 * budget_s, (len(contenders) + 1) * rounds * trial_wall_s)

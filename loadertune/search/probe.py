@@ -20,7 +20,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from loadertune.config import Config
-from loadertune.search.space import SearchSpace
+from loadertune.hardware import Hardware
+from loadertune.search.settings import SearchSettings
+from loadertune.search.space import SearchSpace, worker_cap
 from loadertune.trials import TrialResult
 
 IO_BOUND_CPU_FRACTION = 0.5  # loading that computes less than half the time it takes waits on I/O
@@ -237,3 +239,45 @@ def seed_configs(
         if config not in seeds and space.rejects(config) is None:
             seeds.append(config)
     return seeds[:limit]
+
+
+def space_for(
+    w0: TrialResult,
+    w1: TrialResult | None,
+    replay: TrialResult | None,
+    *,
+    hw: Hardware,
+    settings: SearchSettings,
+    batch_sizes: tuple[int, ...],
+    uses_cuda: bool,
+    epoch_samples: int | None,
+    bytes_per_sample: float | None,
+    persistent_workers: bool,
+    ram_budget_bytes: int | None,
+) -> SearchSpace:
+    """The space the probe's trials call for: the worker range from what loading waits for
+    (see :func:`~loadertune.search.space.worker_cap`), pinning only with CUDA,
+    ``persistent_workers`` only with a known epoch length, batches in flight within the share of
+    ``/dev/shm`` the settings allow."""
+    m0 = w0.measurement
+    io_bound = m0 is not None and (m0.blocked_cpu_fraction or 1.0) < IO_BOUND_CPU_FRACTION
+    cap, limits = worker_cap(
+        usable_cpus=hw.usable_cpus,
+        io_bound=io_bound,
+        workers_needed=workers_to_feed(w0, replay, hw.usable_cpus),
+        ram_budget_bytes=ram_budget_bytes,
+        worker_pss_bytes=w1.resources.worker_pss_bytes if w1 and w1.resources else None,
+        open_files_limit=hw.open_files_limit,
+        user_max=settings.max_workers,
+    )
+    return SearchSpace(
+        batch_sizes=batch_sizes,
+        max_workers=cap,
+        pin_memory=(False, True) if uses_cuda else (False,),
+        persistent_workers=(False, True) if epoch_samples else (persistent_workers,),
+        max_in_flight_bytes=settings.shm_fraction * hw.shm_free_bytes
+        if hw.shm_free_bytes
+        else None,
+        bytes_per_sample=bytes_per_sample,
+        limits=limits,
+    )

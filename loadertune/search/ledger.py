@@ -1,0 +1,69 @@
+"""What a search has measured so far, and what it makes of each new result."""
+
+from __future__ import annotations
+
+from loadertune.config import Config
+from loadertune.search import plan
+from loadertune.search.frontier import Frontier
+from loadertune.search.study import Previous
+from loadertune.trials import TrialResult
+
+
+class Ledger:
+    """Every trial of this run, the best rate per setting (earlier runs included), every rate of
+    this run, and the counts the stop rules read.
+
+    Args:
+        memory_margin: share of GPU memory the frontier keeps free.
+        min_gain: relative gain over the robust best that counts as an improvement.
+    """
+
+    def __init__(self, *, memory_margin: float, min_gain: float) -> None:
+        self.trials: list[TrialResult] = []
+        self.values: dict[Config, float] = {}  # best rate per setting, earlier runs included
+        self.samples: dict[Config, list[float]] = {}  # every full rate measured in this run
+        self.blocked: dict[Config, float] = {}  # blocked fraction of each explored setting
+        self.frontier = Frontier(margin=memory_margin)
+        self.best: TrialResult | None = None
+        self.best_value = 0.0
+        self.since_gain = 0  # trials since the last gain (the patience count)
+        self.n_run = 0  # trials of the probe and the exploration
+        self.n_explored = 0  # trials of the exploration alone
+        self._min_gain = min_gain
+
+    def add(self, result: TrialResult) -> None:
+        """Record one trial; all but the replay (which skips loading) teach something."""
+        self.trials.append(result)
+        if result.phase == "replay":
+            return
+        self.n_run += result.phase != "confirm"
+        self.n_explored += result.phase == "search"
+        self.frontier.learn(result)
+        if result.failure is not None:
+            self.since_gain += 1
+            return
+        value = result.epoch_samples_per_s
+        if value is None or result.pruned or result.phase == "confirm":
+            self.since_gain += result.phase != "confirm"
+            return
+        # A gain beats the robust best (the median of the three best), not one lucky figure.
+        bar = self.robust_best()
+        self.values[result.config] = max(value, self.values.get(result.config, 0.0))
+        self.samples.setdefault(result.config, []).append(value)
+        if result.measurement is not None and result.phase == "search":
+            self.blocked[result.config] = result.measurement.blocked_fraction
+        if value > bar * (1 + self._min_gain):
+            self.since_gain = 0
+        else:
+            self.since_gain += 1
+        if value > self.best_value:
+            self.best, self.best_value = result, value
+
+    def robust_best(self) -> float:
+        return plan.robust_best(self.values)
+
+    def add_previous(self, previous: Previous) -> None:
+        """What an earlier run of the study measured and saw fail."""
+        self.values.update(previous.values)
+        self.frontier.learn_previous(list(previous.values), previous.failed)
+        self.best_value = max(self.values.values(), default=0.0)
