@@ -530,7 +530,7 @@ def test_the_best_of_each_batch_size_that_waits_for_data_climbs(tmp_path, hw) ->
     for config, (value, blocked) in measured.items():
         search.ledger.values[config] = value
         search.ledger.blocked[config] = blocked
-    search._climb(space)
-    assert search._plan == [Config(32, 8, 2)]
-    search._climb(space)
-    assert search._plan == [Config(32, 8, 2)]  # planned once
+    search.agenda._climb(space)
+    assert search.agenda.next(space) == Config(32, 8, 2)
+    search.agenda._climb(space)
+    assert search.agenda.next(space) is None  # planned once

@@ -8,17 +8,18 @@ import time
 from collections.abc import Sequence
 
 from loadertune.config import Config
-from loadertune.errors import LoadertuneError, SearchInterrupted, UserCodeError
+from loadertune.errors import LoadertuneError, UserCodeError
 from loadertune.hardware import Hardware
 from loadertune.measure.resources import tree_pss
 from loadertune.search import plan
+from loadertune.search.agenda import Agenda
 from loadertune.search.confirm import Confirmation, confirm
 from loadertune.search.ledger import Ledger
 from loadertune.search.limits import limits_for, typical_wall
 from loadertune.search.outcome import Observer, SearchOutcome
 from loadertune.search.probe import Estimates, estimate, seed_configs, space_for
 from loadertune.search.settings import SearchSettings, default_storage
-from loadertune.search.space import SearchSpace, widened
+from loadertune.search.space import SearchSpace
 from loadertune.search.stop import loader_keeps_up
 from loadertune.search.study import Previous, StudyLog, quiet_optuna
 from loadertune.trials import Limits, TrialResult, TrialRunner, window_for
@@ -55,8 +56,7 @@ class Search:
         self.observer = observer
         self.storage = settings.storage or default_storage()
         self.ledger = Ledger(memory_margin=settings.memory_margin, min_gain=settings.min_gain)
-        self._climbed: set[Config] = set()  # settings the climb planned
-        self._plan: list[Config] = []  # settings to run next, first first (then Optuna's)
+        self.agenda = Agenda(self.ledger)
         self._deadline = 0.0
         self._memory_budget: int | None = None
 
@@ -207,26 +207,10 @@ class Search:
         it stopped and the space as it ended (widened when the best sat at its edge)."""
         space_size = len(space.configs())
         idle = 0  # consecutive proposals that ran nothing (duplicates, skips)
-        verified = False
         while True:
-            if not verified and self.ledger.frontier.memory_model()[0] is not None:
-                verified = True  # once, as soon as two batch sizes have run: verify the largest
-                size = self.ledger.frontier.largest_safe_batch(list(space.batch_sizes))
-                if (
-                    self.ledger.best
-                    and size
-                    and not any(c.batch_size == size for c in self.ledger.values)
-                ):
-                    self._plan.insert(
-                        0,
-                        space.nearest(
-                            dataclasses.replace(self.ledger.best.config, batch_size=size)
-                        ),
-                    )
-            wider = self._widen(space)
+            wider = self.agenda.update(space)
             if wider is not space:
                 space, space_size = wider, len(wider.configs())
-            self._climb(space)
             reason = self._stop_reason(
                 space_size, len(space.batch_sizes), est, self._confirm_cost()
             )
@@ -234,7 +218,9 @@ class Search:
                 return reason, space
             if idle >= 50:
                 return "no_new_proposals", space
-            self._next_planned(log, space)
+            planned = self.agenda.next(space)
+            if planned is not None:
+                log.enqueue(planned)  # Optuna asks it next
             config = log.ask(space)
             skip = space.rejects(config) or self.ledger.frontier.rules_out(config)
             if skip is not None:
@@ -248,42 +234,6 @@ class Search:
                 continue
             idle = 0
             log.tell(self._measure(config, "search", prunable=True))
-
-    def _next_planned(self, log: StudyLog, space: SearchSpace) -> None:
-        """Hand Optuna the first planned setting still worth running (it is asked next); with
-        none planned, Optuna's sampler proposes. The plan is ours, not Optuna's queue, so that
-        what the last result asks for (a climb, a wider range) goes before the remaining seeds."""
-        while self._plan:
-            config = self._plan.pop(0)
-            if (
-                config not in self.ledger.values
-                and space.rejects(config) is None
-                and self.ledger.frontier.rules_out(config) is None
-            ):
-                log.enqueue(config)
-                return
-
-    def _climb(self, space: SearchSpace) -> None:
-        """Plan the climbs (see :func:`plan.climbs`) ahead of the remaining seeds, each once."""
-
-        def skip(config: Config) -> bool:
-            seen = config in self._climbed or config in self.ledger.values
-            self._climbed.add(config)
-            return seen or self.ledger.frontier.rules_out(config) is not None
-
-        self._plan[:0] = plan.climbs(self.ledger.values, self.ledger.blocked, space, skip=skip)
-
-    def _widen(self, space: SearchSpace) -> SearchSpace:
-        """No rule of thumb caps the workers: when the best sits at the edge of the range and
-        only the CPU rule set that edge, double the range and try past the edge next."""
-        if self.ledger.best is None:
-            return space
-        best = self.ledger.best.config
-        wider = widened(space, best_workers=best.num_workers)
-        if wider is not space:
-            self._plan[:0] = plan.past_the_edge(best, wider)
-            self.ledger.since_gain = 0  # a new region: patience starts again
-        return wider
 
     def _confirm_cost(self) -> float:
         """Seconds to keep for the confirmation (see :func:`plan.confirm_cost`)."""
@@ -360,24 +310,7 @@ class Search:
             try:
                 return self._run(log, t0)
             except KeyboardInterrupt as exc:
-                log.abandon("interrupted")
-                n = log.n_complete()
-                best = None
-                if self.ledger.best is not None:
-                    best = {
-                        "loader_kwargs": self.ledger.best.params,
-                        "samples_per_s": self.ledger.best.samples_per_s,
-                        "epoch_samples_per_s": self.ledger.best.epoch_samples_per_s,
-                    }
-                raise SearchInterrupted(
-                    f"search interrupted; {n} completed trials are kept in study "
-                    f"{self.settings.study!r} ({self.storage}); "
-                    "run the same command again to resume",
-                    study_name=self.settings.study,
-                    storage=self.storage,
-                    n_complete=n,
-                    best=best,
-                ) from exc
+                raise log.interrupted(self.ledger.best_figures()) from exc
             except UserCodeError as exc:
                 log.abandon(exc.kind)
                 raise
@@ -436,9 +369,7 @@ class Search:
             if est
             else []
         )
-        for seed in seeds:
-            if seed not in self.ledger.values:
-                self._plan.append(seed)
+        self.agenda.add_seeds(seeds)
         return self._explore(log, space, est)
 
     def _run(self, log: StudyLog, t0: float) -> SearchOutcome:

@@ -67,3 +67,13 @@ class Ledger:
         self.values.update(previous.values)
         self.frontier.learn_previous(list(previous.values), previous.failed)
         self.best_value = max(self.values.values(), default=0.0)
+
+    def best_figures(self) -> dict[str, object] | None:
+        """The best setting and its rates, for a search that ends without a result."""
+        if self.best is None:
+            return None
+        return {
+            "loader_kwargs": self.best.params,
+            "samples_per_s": self.best.samples_per_s,
+            "epoch_samples_per_s": self.best.epoch_samples_per_s,
+        }

@@ -21,7 +21,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, IntD
 from optuna.trial import TrialState
 
 from loadertune.config import Config
-from loadertune.errors import ConfigError
+from loadertune.errors import ConfigError, SearchInterrupted
 from loadertune.search.probe import Estimates
 from loadertune.search.space import SearchSpace
 from loadertune.trials import TrialResult
@@ -205,6 +205,19 @@ class StudyLog:
             trial = self._close()
             trial.set_user_attr("error", reason)
             self.study.tell(trial, state=TrialState.FAIL)
+
+    def interrupted(self, best: dict[str, Any] | None) -> SearchInterrupted:
+        """Ctrl-C: close the open trial; the error says what the study keeps and how to resume."""
+        self.abandon("interrupted")
+        n = self.n_complete()
+        return SearchInterrupted(
+            f"search interrupted; {n} completed trials are kept in study {self.name!r} "
+            f"({self.storage}); run the same command again to resume",
+            study_name=self.name,
+            storage=self.storage,
+            n_complete=n,
+            best=best,
+        )
 
     def record(self, space: SearchSpace, result: TrialResult) -> None:
         """Add a trial measured outside ask/tell (probe, confirmation), if it is in the space."""
