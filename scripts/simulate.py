@@ -105,6 +105,9 @@ STARTUP_PER_WORKER = 0.05  # each extra worker adds 5% of s0 to the start-up
 PIN_COPY_S_PER_BYTE = 1 / 8e9  # the pin thread's memcpy into page-locked memory
 OUTLIER_P, OUTLIER_FACTOR = 0.03, 0.5
 MEMORY_FRACTION = SearchSettings().memory_budget_fraction
+# The product's rule: a batch the GPU-memory model puts above (1 - margin) of the GPU's memory is
+# never tried, so the best it can recommend leaves that margin free; the truth does too.
+GPU_MARGIN = SearchSettings().memory_margin
 
 
 # ---------------------------------------------------------------------------------------------
@@ -336,6 +339,12 @@ def failure_kind(w: Workload, c: Config, mode: str) -> str | None:
     return None
 
 
+def recommendable(w: Workload, bs: int) -> bool:
+    """The batch leaves the GPU memory margin free (see ``GPU_MARGIN``)."""
+    need = w.gpu_mem_fixed + w.gpu_mem_per_sample * bs
+    return not w.gpu or need <= (1 - GPU_MARGIN) * w.gpu_capacity
+
+
 @dataclass(frozen=True)
 class Grid:
     """A grid of settings: batch sizes x workers 0..max x prefetch x pin x persistent."""
@@ -375,7 +384,7 @@ def grid_best(
     """The best noiseless epoch rate over ``grid`` (settings that would fail excluded)."""
     best, best_config = 0.0, Config(w.baseline.batch_size)
     for bs, pin in ((bs, pin) for bs in grid.batch_sizes for pin in grid.pin_memory):
-        if feasible_only and failure_kind(w, Config(bs, 0, None, pin), mode) == "oom":
+        if feasible_only and not recommendable(w, bs):
             continue
         value = epoch_rate(w, Config(bs, 0, None, pin))
         if value > best:
@@ -527,6 +536,14 @@ class SimRunner:
         kind = failure_kind(w, c, self.mode)
         if kind is not None:  # workers allocate as they start; an OOM comes at the first step
             at = started + step_wall(w, bs, c.pin_memory) if kind == "oom" else started
+            if kind == "memory_budget":  # workers start one by one: the k-th crosses it
+                per_worker = w.worker_pss + (c.prefetch_factor or 2) * bs * w.sample_bytes
+                k = min(n, int((memory_budget(w, self.mode) - w.main_pss) // per_worker) + 1)
+                result.resources = ResourceUsage(
+                    n_workers=k,
+                    pss_bytes=int(w.main_pss + k * per_worker),
+                    worker_pss_bytes=int(per_worker),
+                )
             return self._failed(result, self._failure(kind, c), at, limits, teardown)
         if replay:
             rate = bs / step_wall(w, bs, False)
@@ -540,7 +557,14 @@ class SimRunner:
             return self._failed(
                 result, failures.hang(limits.hang_s), started + limits.hang_s, limits, teardown
             )
-        warmup = window.warmup_batches * period
+        # The warm-up drains the buffer by count at the step's pace; when the loader sets the
+        # pace the buffer is empty after every worker's first batch, and the meter's first
+        # waiting next() ends it (``WindowSpec.settled_after``).
+        warmup_batches = window.warmup_batches
+        loader_bound = not replay and step_wall(w, bs, c.pin_memory) * rate / bs < 0.95
+        if loader_bound and getattr(window, "settled_after", None) is not None:
+            warmup_batches = min(warmup_batches, window.settled_after)
+        warmup = warmup_batches * period
         subs, elapsed, batches, full = self._window(rate, period, window, should_stop, result)
         measured = statistics.fmean(subs)
         reentry = 0.0
@@ -596,7 +620,11 @@ class SimRunner:
     ) -> tuple[list[float], float, float, bool]:
         """Sub-window rates, seconds and batches of the window, and whether it ran its full
         length; prunes like the meter does."""
-        sub_s = math.ceil(window.window_s / window.n_sub_windows / period) * period
+        # Sub-windows hold whole rounds of workers when the loop waits for data (see the meter).
+        step = step_wall(self.w, result.config.batch_size, result.config.pin_memory)
+        waits = result.phase != "replay" and step < 0.95 * period
+        round_s = (getattr(window, "round_batches", 1) if waits else 1) * period
+        sub_s = math.ceil(window.window_s / window.n_sub_windows / round_s) * round_s
         subs: list[float] = []
         elapsed = batches = 0.0
         while True:

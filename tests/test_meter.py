@@ -204,3 +204,52 @@ def test_a_loop_of_slow_batches_is_measured_in_a_few_of_them() -> None:
     m = run_loop(meter, slow_batches(10_000, 0.15))
     assert m.complete
     assert m.n_batches == 1
+
+
+class Counted:
+    """Batches whose ``next()`` waits ``gap_s`` every ``every`` batches (a burst after each gap,
+    as workers in step deliver), counting what was handed out when the window opened."""
+
+    def __init__(self, sink: Recorder, *, gap_s: float, every: int) -> None:
+        self.sink, self.gap_s, self.every = sink, gap_s, every
+        self.given = 0
+        self.before_window: int | None = None
+
+    def __iter__(self):
+        while True:
+            if self.before_window is None and "window_start" in self.sink.events:
+                self.before_window = self.given
+            if self.given % self.every == 0:
+                time.sleep(self.gap_s)
+            self.given += 1
+            yield torch.zeros(8, 3)
+
+
+def test_the_warm_up_ends_at_the_first_wait_once_every_worker_has_delivered() -> None:
+    """An empty buffer (a next() that waits) after ``settled_after`` batches ends the warm-up:
+    draining by count would wait for batches that are not there."""
+    rec = Recorder()
+    spec = WindowSpec(warmup_batches=20, window_s=0.05, settled_after=4)
+    batches = Counted(rec, gap_s=0.02, every=1)  # every next() waits: the loader sets the pace
+    run_loop(Meter(spec, sink=rec, count=FixedCount(8)), batches)
+    assert batches.before_window == 1 + 4  # the first batch, then four warm-up batches
+
+
+def test_a_full_buffer_is_drained_by_count() -> None:
+    rec = Recorder()
+    spec = WindowSpec(warmup_batches=20, window_s=0.05, settled_after=4)
+    batches = Counted(rec, gap_s=0.0, every=1)  # never waits: the buffer stays full
+    run_loop(Meter(spec, sink=rec, count=FixedCount(8)), batches)
+    assert batches.before_window == 1 + 20
+
+
+def test_a_window_holds_whole_rounds_of_the_workers() -> None:
+    """Five workers in step: a wait, then a burst of five. Each sub-window (and so the window)
+    ends after whole rounds, however short its time."""
+    rec = Recorder()
+    spec = WindowSpec(
+        warmup_batches=4, window_s=0.015, min_window_batches=7, n_sub_windows=2, round_batches=5
+    )
+    m = run_loop(Meter(spec, sink=rec, count=FixedCount(8)), Counted(rec, gap_s=0.02, every=5))
+    assert m.n_batches == 10  # two rounds: the first sub-window's round is not enough
+    assert len(m.sub_window_samples_per_s) == 2

@@ -281,6 +281,15 @@ def test_seed_configs_start_at_the_workers_needed() -> None:
     assert all(s.batch_size == 64 for s in seeds)
 
 
+def test_seed_configs_far_above_the_cpus_start_between_them_and_the_estimate() -> None:
+    """60 workers needed on 2 CPUs: waiting alone says so, and storage or memory may cap the
+    useful count far lower; start at the geometric mean of 3 and 60 (13), and try 60 too."""
+    space = SearchSpace(batch_sizes=(64,), max_workers=64)
+    seeds = seed_configs(_estimates(60), space, batch_size=64, epoch_length_known=False)
+    assert seeds[0] == Config(64, 13, 2)
+    assert Config(64, 60, 2) in seeds
+
+
 def test_seed_configs_cap_workers_at_max() -> None:
     space = SearchSpace(batch_sizes=(64,), max_workers=3)
     seeds = seed_configs(_estimates(30), space, batch_size=64, epoch_length_known=False)

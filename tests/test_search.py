@@ -534,3 +534,52 @@ def test_the_best_of_each_batch_size_that_waits_for_data_climbs(tmp_path, hw) ->
     assert search.agenda.next(space) == Config(32, 8, 2)
     search.agenda._climb(space)
     assert search.agenda.next(space) is None  # planned once
+
+
+def test_a_setting_that_ran_out_of_memory_is_tried_next_with_the_workers_that_fit(
+    tmp_path, hw
+) -> None:
+    """The memory seen when the budget was crossed tells how many workers fit; with no figures,
+    half as many. Stepping down one worker at a time would take dozens of trials."""
+    from loadertune.search.agenda import Agenda
+    from loadertune.search.ledger import Ledger
+    from loadertune.search.space import SearchSpace
+
+    space = SearchSpace(batch_sizes=(64,), max_workers=64, limits={"cpu": 64})
+    gib = 1 << 30
+
+    def agenda_after(failed: Config, usage: ResourceUsage | None) -> Config | None:
+        ledger = Ledger(memory_margin=0.1, min_gain=0.01)
+        result = TrialResult(failed, phase="search")
+        result.failure = Failure("memory_budget", "host memory over the budget", "fewer workers")
+        result.resources = usage
+        ledger.add(result)
+        agenda = Agenda(ledger)
+        agenda.memory_budget = 10 * gib
+        agenda.update(space)
+        return agenda.next(space)
+
+    # 1 GiB in the main process and 1 GiB per worker when the 12th worker crossed 10 GiB:
+    # 0.8 * 9 GiB / 1 GiB = 7 workers fit with room to spare
+    usage = ResourceUsage(n_workers=12, pss_bytes=13 * gib, worker_pss_bytes=gib)
+    assert agenda_after(Config(64, 40, 2), usage) == Config(64, 7, 2)
+    assert agenda_after(Config(64, 40, 2), None) == Config(64, 20, 2)
+
+
+def test_the_probe_runs_at_the_smallest_batch_and_the_replay_at_one_that_loads_quickly(
+    tmp_path, hw
+) -> None:
+    """Loading takes 2.25 ms a sample (w=0: 400 samples/s, 90% of it waiting for data): a
+    batch of 512 takes over a second to load for the replay, one of 256 under; the probe's
+    per-sample figures come from the smallest batch."""
+    runner = FakeRunner(io_landscape)
+    Search(
+        runner,
+        hardware=hw,
+        baseline=Config(512, 2, 2),
+        batch_sizes=[64, 256, 512],
+        settings=settings(tmp_path, n_trials=1),
+    ).run()
+    phases = {phase: config for phase, config in reversed(runner.log)}
+    assert phases["probe"].batch_size == 64
+    assert phases["replay"] == Config(256)

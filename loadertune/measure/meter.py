@@ -35,17 +35,30 @@ class WindowSpec:
         warmup_batches: batches consumed after the first one and before the window; at least the
             batches in flight (``num_workers * prefetch_factor``): a full buffer must not
             inflate the window.
+        settled_after: the warm-up may end sooner, once this many batches have come (every
+            worker has started and delivered), at the first ``next()`` that waited
+            :data:`SETTLED_WAIT_S` or more: the buffer is empty and the loader sets the pace from
+            there on, so draining the rest by count would only wait for batches that are not
+            there (with seconds-long batches, a minute). None: by count only.
         window_s: seconds of the measured window.
         min_window_batches: the window also lasts at least this many batches, unless it has
             lasted twice ``window_s`` already (a few slow batches measure a slow loop as well
             as many fast ones: a window of seconds-long batches must not take a minute).
         n_sub_windows: the window is split in this many equal-time parts, each reported.
+        round_batches: batches per round of the workers (``num_workers``; 1 without workers).
+            Workers deliver in turn and start together, and each takes about as long per batch,
+            so batches arrive in bursts of one per worker, a batch-time apart: a window or
+            sub-window shorter than a round measures a burst or a gap, not the rate. Sub-windows
+            (and so the window) end only after whole rounds, unless the loop hardly waits for
+            data (then batches come at the step's pace).
     """
 
     warmup_batches: int
     window_s: float
     min_window_batches: int = 4
     n_sub_windows: int = 4
+    settled_after: int | None = None
+    round_batches: int = 1
 
     def is_full(self, elapsed_s: float, batches: float) -> bool:
         """The window has run its length: ``window_s`` and ``min_window_batches``, or twice
@@ -55,7 +68,13 @@ class WindowSpec:
         )
 
     def __post_init__(self) -> None:
-        if self.warmup_batches < 0 or self.window_s <= 0 or self.n_sub_windows < 1:
+        if (
+            self.warmup_batches < 0
+            or self.window_s <= 0
+            or self.n_sub_windows < 1
+            or (self.settled_after is not None and self.settled_after < 0)
+            or self.round_batches < 1
+        ):
             raise ValueError(f"invalid window: {self}")
 
 
@@ -123,6 +142,12 @@ class Measurement:
 # The meter
 
 _FIRST, _WARMUP, _OPENING, _WINDOW, _DONE = range(5)
+# A next() that waits this long found no batch ready (a ready one is handed over in well under a
+# millisecond, a large one through shared memory in a few).
+SETTLED_WAIT_S = 0.010
+# A window that waits for data this share of its time may see the workers' bursts: it holds
+# whole rounds (``WindowSpec.round_batches``).
+ROUNDS_MATTER = 0.05
 _now = time.perf_counter
 
 
@@ -159,6 +184,7 @@ class Meter:
         "_phase",
         "_reentry_s",
         "_result",
+        "_settle_at",
         "_sink",
         "_sub_end",
         "_sub_excluded",
@@ -210,6 +236,10 @@ class Meter:
         self._reentry_s: list[float] = []
         self._last_beat = -math.inf
         self._warmup_left = spec.warmup_batches
+        # the warm-up batches left when a waiting next() may end it (-1: never)
+        self._settle_at = (
+            -1 if spec.settled_after is None else spec.warmup_batches - spec.settled_after
+        )
         self._first_batch_s = math.nan
         self._warmup_start = 0.0
         self._w_start = 0.0
@@ -286,7 +316,7 @@ class Meter:
         """Every other batch: phases, epoch starts, heartbeats, sub-window boundaries."""
         if self._phase == _OPENING:
             t0 = self._open_window(t0)
-        elif self._phase == _WINDOW and t0 >= self._sub_end:
+        elif self._phase == _WINDOW and t0 >= self._sub_end and self._round_done(t0):
             t0 = self._sub_window_boundary(t0)
         phase = self._phase
         if phase == _DONE:
@@ -322,7 +352,9 @@ class Meter:
             self._w_batches += 1
         elif phase == _WARMUP:
             self._warmup_left -= 1
-            if self._warmup_left <= 0:
+            if self._warmup_left <= 0 or (
+                waited >= SETTLED_WAIT_S and self._warmup_left <= self._settle_at
+            ):
                 self._phase = _OPENING
         else:  # _FIRST
             self._first_batch_s = t1 - self._t_wrap
@@ -352,6 +384,14 @@ class Meter:
         self._sub_samples = 0
         self._sub_start = t
         self._sub_excluded = self._excluded
+
+    def _round_done(self, t0: float) -> bool:
+        """A sub-window may end here: after whole rounds of the workers, or anywhere when the loop
+        hardly waits for data (the buffer stays full and batches come at the step's pace, not in
+        bursts)."""
+        return self._w_batches % self.spec.round_batches == 0 or self._w_blocked < ROUNDS_MATTER * (
+            t0 - self._w_start
+        )
 
     def _sub_window_boundary(self, t0: float) -> float:
         if self._sync is not None:

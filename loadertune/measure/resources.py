@@ -230,6 +230,15 @@ class ResourceSampler:
                 u.gpu_util_percent = list(self._polled)
         return u
 
+    def _memory_at_hit(self, memory: dict[int, tuple[int, int]]) -> None:
+        """What each worker held when the budget was crossed: the search learns from a failed
+        trial how many workers would fit."""
+        u = self.usage
+        workers = [pss for pid, (pss, _) in memory.items() if pid != self._root.pid]
+        u.pss_bytes = sum(pss for pss, _ in memory.values())
+        u.n_workers = len(workers)
+        u.worker_pss_bytes = int(statistics.fmean(workers)) if workers else None
+
     def _run(self) -> None:
         # Finding the tree scans every process of the machine and counting descriptors lists
         # directories: both once a second. The budget check reads one small file per process.
@@ -254,9 +263,11 @@ class ResourceSampler:
             rss = _sum_rss(procs)
             self.usage.rss_peak_bytes = max(self.usage.rss_peak_bytes, rss)
             if self._budget is not None and rss > self._budget and self.budget_hit is None:
-                pss = sum(p for p, _ in _memory_full(procs).values())  # RSS overcounts; confirm
+                memory = _memory_full(procs)
+                pss = sum(p for p, _ in memory.values())  # RSS overcounts; confirm
                 if pss > self._budget:
                     self.budget_hit = pss
+                    self._memory_at_hit(memory)
             if self._window_open and self.gpu_index is not None:
                 value = nvml.utilization_now(self.gpu_index)
                 if value is not None:

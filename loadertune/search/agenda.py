@@ -12,9 +12,23 @@ import dataclasses
 from collections.abc import Iterable
 
 from loadertune.config import Config
+from loadertune.measure.failures import FailureKind
 from loadertune.search import plan
 from loadertune.search.ledger import Ledger
 from loadertune.search.space import SearchSpace, widened
+
+# What more workers run out of (a GPU's memory grows with the batch instead), and a trial too
+# slow to start or deliver (more workers start slower still).
+BACK_OFF_KINDS = frozenset(
+    {
+        FailureKind.WORKER_KILLED,
+        FailureKind.SHM_EXHAUSTED,
+        FailureKind.TOO_MANY_FILES,
+        FailureKind.HOST_OOM,
+        FailureKind.MEMORY_BUDGET,
+        FailureKind.TIMEOUT,
+    }
+)
 
 
 class Agenda:
@@ -25,6 +39,8 @@ class Agenda:
         self._queue: list[Config] = []
         self._climbed: set[Config] = set()  # settings a climb planned (each once)
         self._verified = False
+        self._failures_seen = 0  # failures already answered by a back-off
+        self.memory_budget: int | None = None  # the trial tree's PSS limit, once known
 
     def add_seeds(self, seeds: Iterable[Config]) -> None:
         """Seeds run after everything already planned, each unless measured already."""
@@ -34,6 +50,7 @@ class Agenda:
         """Plan what the results so far ask for; returns the space, widened when the best sat at
         its edge."""
         self._verify_largest_batch(space)
+        self._back_off(space)
         space = self._widen(space)
         self._climb(space)
         return space
@@ -52,16 +69,46 @@ class Agenda:
         return None
 
     def _verify_largest_batch(self, space: SearchSpace) -> None:
-        """Once, as soon as two batch sizes have run: measure the largest batch the memory model
-        calls safe, at the best setting's loader settings."""
+        """Once, as soon as two batch sizes have run and the exploration has begun: measure the
+        largest batch the memory model calls safe, at the best setting's loader settings (not at
+        the probe's, whose loading is deliberately starved)."""
         ledger = self.ledger
-        if self._verified or ledger.frontier.memory_model()[0] is None:
+        if self._verified or not ledger.n_explored or ledger.frontier.memory_model()[0] is None:
             return
         self._verified = True
         size = ledger.frontier.largest_safe_batch(list(space.batch_sizes))
         if ledger.best and size and not any(c.batch_size == size for c in ledger.values):
             target = dataclasses.replace(ledger.best.config, batch_size=size)
             self._queue.insert(0, space.nearest(target))
+
+    def _back_off(self, space: SearchSpace) -> None:
+        """A setting that ran out of a host resource (RAM, shared memory, file descriptors) or of
+        time with several workers: try it next with as many workers as the memory seen at the
+        failure says fit (with a fifth to spare), or else half as many. The frontier rules out
+        everything at least as demanding; stepping down one worker at a time (what the sampler
+        proposes next to a failure) would take dozens of trials."""
+        ledger = self.ledger
+        failed = ledger.frontier.failed
+        for config, kind in failed[self._failures_seen :]:
+            if kind not in BACK_OFF_KINDS or config.num_workers <= 1:
+                continue
+            fewer = config.num_workers // 2
+            usage = next((t.resources for t in reversed(ledger.trials) if t.config == config), None)
+            if (
+                kind == FailureKind.MEMORY_BUDGET
+                and self.memory_budget
+                and usage is not None
+                and usage.worker_pss_bytes
+                and usage.pss_bytes
+                and usage.n_workers
+            ):
+                main = usage.pss_bytes - usage.n_workers * usage.worker_pss_bytes
+                fit = int(0.8 * (self.memory_budget - main) / usage.worker_pss_bytes)
+                fewer = max(1, min(config.num_workers - 1, fit))
+            target = space.nearest(dataclasses.replace(config, num_workers=fewer))
+            if target not in ledger.values:
+                self._queue.insert(0, target)
+        self._failures_seen = len(failed)
 
     def _climb(self, space: SearchSpace) -> None:
         """Plan the climbs (see :func:`plan.climbs`) ahead of the remaining seeds, each once."""

@@ -24,6 +24,8 @@ from loadertune.search.stop import loader_keeps_up
 from loadertune.search.study import Previous, StudyLog, quiet_optuna
 from loadertune.trials import Limits, TrialResult, TrialRunner, window_for
 
+REPLAY_LOAD_S = 1.0  # the replay's batch may take this long to load
+
 
 class Search:
     """One search over one workload. See the module docstring.
@@ -131,14 +133,17 @@ class Search:
         return base
 
     def _probe(self) -> tuple[TrialResult, TrialResult | None, TrialResult | None]:
-        """Baseline, num_workers=0 and 1 at the user's batch size, and the replay.
+        """Baseline, num_workers=0 and 1 at the smallest batch offered, and the replay (see
+        :meth:`_replay_batch`).
 
         Only the baseline must succeed; a failed probe or replay, or one that does not fit in
         the budget left, leaves the estimates out (the search goes on without its seeds and
         ceilings) rather than ending the search.
         """
         base = self._measure_baseline()
-        bs = self.baseline.batch_size
+        # The probe's figures are per sample: at the smallest batch offered its trials take the
+        # least time (slow loading at a large batch takes seconds a batch).
+        bs = min(self.batch_sizes)
         w0 = base if self.baseline.num_workers == 0 else None  # pinned or not: the same loading
         if w0 is None:
             if not self._fits():
@@ -154,10 +159,28 @@ class Search:
             and self._fits(2 + plan.MIN_EXPLORED)
         ):
             w1 = self._measure(Config(bs, 1, 2, False, False), "probe")
-        replay = self._measure(Config(bs), "replay") if w0.ok and self._fits() else None
+        replay = (
+            self._measure(Config(self._replay_batch(w0)), "replay")
+            if w0.ok and self._fits()
+            else None
+        )
         if w1 is None and self.baseline.num_workers:
             w1 = base
         return w0, (w1 if w1 is not None and w1.ok else None), replay
+
+    def _replay_batch(self, w0: TrialResult) -> int:
+        """The batch size the replay runs at: the user's, where the consumer's ceiling matters;
+        but its one batch is loaded in the main process first, and at a large batch of slow
+        samples that takes seconds of the budget: then the largest batch offered below the
+        user's that loads in :data:`REPLAY_LOAD_S` (the smallest at worst). The ceiling it gives
+        is then low for the larger batches, which the search measures anyway."""
+        m = w0.measurement
+        user = self.baseline.batch_size
+        if m is None or not m.n_samples:
+            return user
+        load_s = m.window_s * m.blocked_fraction / m.n_samples
+        quick = [b for b in self.batch_sizes if b <= user and b * load_s <= REPLAY_LOAD_S]
+        return max(quick, default=min(self.batch_sizes))
 
     def _fits(self, n: int = 1) -> bool:
         """``n`` more trials fit in what is left of the budget (as long as the typical one)."""
@@ -298,6 +321,7 @@ class Search:
         self._memory_budget = own + int(
             self.settings.memory_budget_fraction * self.hw.ram_budget_bytes
         )
+        self.agenda.memory_budget = self._memory_budget
         if self.observer:
             self.observer.search_started(self._deadline, self.settings.budget_s)
         with quiet_optuna():

@@ -1,6 +1,6 @@
 """The cheap first probe: per-sample costs, stage ceilings, and the settings worth trying first.
 
-Three measurements at the user's batch size feed it:
+Three measurements feed it (per sample, so the batch sizes they ran at need not match):
 
 - ``num_workers=0``: loading runs inside ``next()`` in the main thread, so the blocked time per
   sample is the cost of producing a sample, and its CPU share tells computing from waiting (I/O).
@@ -211,6 +211,12 @@ def seed_configs(
     pin = True in space.pin_memory
     persist = epoch_length_known and True in space.persistent_workers
     need = min(est.workers_needed(), space.max_workers)
+    # Far above the CPUs the estimate rests on waiting alone: storage that serves only so many
+    # requests at once, or memory, may cap the useful workers well below it, and a trial of
+    # hundreds of workers costs seconds to start and may not fit. Start at the geometric mean
+    # of the CPUs and the estimate; the climbs double it while loading still waits.
+    floor = est.usable_cpus + 1
+    first = round(math.sqrt(floor * need)) if need > 2 * floor else need
     wanted: list[Config] = []
     if need == 0 or space.max_workers == 0:
         variants = [Config(batch_size, 0, None, pin)]
@@ -218,19 +224,20 @@ def seed_configs(
         variants = [
             Config(batch_size, min(w, space.max_workers), pf, pin, persist)
             for w, pf in (
+                (first, 2),
+                (first + 1, 2),
                 (need, 2),
-                (need + 1, 2),
-                (need - 1, 2),
-                (need, 4),
+                (first - 1, 2),
+                (first, 4),
                 (min(space.max_workers, est.usable_cpus), 2),
-                (need, 1),
+                (first, 1),
             )
             if w >= 1
         ]
     wanted.append(variants[0])
     for bs in space.batch_sizes:  # every other batch size once, at the estimated workers
         if bs != batch_size:
-            w = need if space.max_workers else 0
+            w = first if space.max_workers else 0
             wanted.append(Config(bs, w, 2 if w else None, pin, persist and w > 0))
     wanted.extend(variants[1:])
     seeds: list[Config] = []

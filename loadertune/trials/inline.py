@@ -205,6 +205,7 @@ class InlineRunner(BaseRunner):
         del error
         if result.failure is not None:
             result.failure = sup.explain(result.failure)
+            result.resources = result.resources or sup.usage_so_far()
         result.extra["warnings"] = warnings
         return result
 

@@ -214,7 +214,14 @@ class BaseRunner:
 
 
 def window_for(config: Config, *, window_s: float, min_warmup: int = 2) -> WindowSpec:
-    """A window whose warm-up drains every batch that was in flight at the start."""
+    """A window whose warm-up drains every batch that was in flight at the start, or ends
+    sooner when the buffer is found empty after every worker has delivered a batch; it holds
+    whole rounds of the workers, at least one."""
+    workers = config.num_workers
     return WindowSpec(
-        warmup_batches=max(min_warmup, config.in_flight_batches + 1), window_s=window_s
+        warmup_batches=max(min_warmup, config.in_flight_batches + 1),
+        window_s=window_s,
+        settled_after=max(min_warmup, workers),
+        round_batches=max(1, workers),
+        min_window_batches=max(4, workers),
     )

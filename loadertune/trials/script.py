@@ -200,6 +200,7 @@ class ScriptRunner(BaseRunner):
                 proc.wait(timeout=5)
         if result.failure is not None:
             result.failure = sup.explain(result.failure, output=_tail(log))
+            result.resources = result.resources or sup.usage_so_far()
         return result
 
     def _supervise(self, trial: _Trial) -> None:

@@ -73,6 +73,11 @@ class Supervisor:
         """Take the end-of-window snapshot; call while the workers are still alive."""
         return self.sampler.window_ended()
 
+    def usage_so_far(self) -> ResourceUsage:
+        """What the sampler saw of a trial that ended without a window's end: peaks, and the
+        tree's memory when it crossed the budget."""
+        return self.sampler.usage
+
     def explain(self, failure: Failure, output: str = "") -> Failure:
         """A sharper cause for a vague failure, from what the sampler saw.
 
