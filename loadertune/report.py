@@ -8,6 +8,7 @@ stdout is not a terminal it prints one plain line per trial instead.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group
@@ -164,17 +165,24 @@ _SUMMARY_ROWS = (
 )
 
 
+def summary_rows(entry: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """Baseline beside winner, row by row (name, baseline, winner), from a file entry (or
+    ``Recommendation.to_entry()``): rate, noise, blocked fraction, bottleneck, CPU, memory, GPU."""
+    diag = entry.get("diagnosis") or {}
+    baseline = entry.get("baseline") or {}
+    base = _column(baseline.get("loader_kwargs"), baseline, diag.get("baseline"))
+    win = _column(entry.get("loader_kwargs"), entry.get("winner"), diag.get("winner"))
+    return list(zip(_SUMMARY_ROWS, base, win, strict=True))
+
+
 def summary_table(rec: Recommendation) -> Table:
     """Baseline beside winner: rate, noise, blocked fraction, bottleneck, CPU, memory, GPU."""
     table = Table()
     table.add_column("")
     table.add_column("baseline (yours)")
     table.add_column("winner", style="bold")
-    diag = rec.diagnosis or {}
-    base = _column(rec.baseline_kwargs, rec.baseline, diag.get("baseline"))
-    win = _column(rec.loader_kwargs, rec.winner, diag.get("winner"))
-    for name, b, w in zip(_SUMMARY_ROWS, base, win, strict=True):
-        table.add_row(name, b, w)
+    for row in summary_rows(rec.to_entry()):
+        table.add_row(*row)
     return table
 
 
@@ -186,18 +194,21 @@ _STAGE_NAMES = {
 }
 
 
-def summary_lines(rec: Recommendation) -> list[str]:
-    """The verdict in plain lines. Total: any optional part of ``rec`` may be missing (a resumed
-    search whose winner was measured only in an earlier run, a partial entry, an old file)."""
+def summary_lines(rec: Recommendation | Mapping[str, Any]) -> list[str]:
+    """The verdict in plain lines, from a Recommendation or a file entry. Total: any optional
+    part may be missing (a resumed search whose winner was measured only in an earlier run, a
+    partial entry, an old file)."""
+    entry = rec if isinstance(rec, Mapping) else rec.to_entry()
     lines = []
-    diag = rec.diagnosis or {}
-    if rec.speedup is not None:
+    diag = entry.get("diagnosis") or {}
+    speedup = entry.get("speedup")
+    if speedup is not None:
         verdict = (
             "within the noise of your settings: keep them, or take the winner for free"
-            if rec.within_noise
+            if entry.get("within_noise")
             else "clearly faster than your settings"
         )
-        lines.append(f"speed-up {rec.speedup:.2f}x per epoch ({verdict})")
+        lines.append(f"speed-up {speedup:.2f}x per epoch ({verdict})")
     ceiling = diag.get("ceiling_samples_per_s")
     if ceiling:
         stage = str((diag.get("ceilings") or {}).get("limiting_stage") or "")
@@ -209,21 +220,22 @@ def summary_lines(rec: Recommendation) -> list[str]:
         if percent is not None:
             line += f"; the winner reaches {percent:.0f}% of it"
         lines.append(line)
-    at_bs = rec.best_at_batch_size
+    at_bs = entry.get("best_at_batch_size")
     at_bs_kwargs = (at_bs or {}).get("loader_kwargs") or {}
+    kwargs = entry.get("loader_kwargs") or {}
     if (
         at_bs_kwargs.get("batch_size") is not None
-        and "batch_size" in rec.loader_kwargs
-        and at_bs_kwargs["batch_size"] != rec.loader_kwargs["batch_size"]
+        and "batch_size" in kwargs
+        and at_bs_kwargs["batch_size"] != kwargs["batch_size"]
     ):
         lines.append(
             f"best at your batch size: {Config.from_kwargs(at_bs_kwargs).label()} "
             f"{_rate((at_bs or {}).get('samples_per_s'))} samples/s; the winner changes the batch "
             "size, so scale the learning rate with it (linearly or by its square root)"
         )
-    s = rec.search or {}
+    s = entry.get("search") or {}
     elapsed = s.get("elapsed_s")
-    head = f"{s.get('n_trials', len(rec.trials))} trials"
+    head = f"{s.get('n_trials', len(entry.get('trials') or []))} trials"
     if elapsed is not None:
         head += f" in {elapsed:.0f} s"
     head += f", stopped: {s.get('stop_reason') or 'unknown'}"

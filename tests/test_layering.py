@@ -25,6 +25,7 @@ RANKS = {
     "loadertune.analysis": 6,
     "loadertune.recommendation": 7,
     "loadertune.report": 8,
+    "loadertune.plots": 8,
     "loadertune.api": 9,
     "loadertune.saved": 9,
     "loadertune.cli": 10,
