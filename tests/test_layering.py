@@ -28,6 +28,7 @@ RANKS = {
     "loadertune.plots": 8,
     "loadertune.api": 9,
     "loadertune.saved": 9,
+    "loadertune.doctor": 9,
     "loadertune.cli": 10,
     "loadertune": 11,  # the package's __init__: the public face
     "loadertune.__main__": 12,
