@@ -21,7 +21,12 @@ from rich.text import Text
 
 from loadertune import __version__, api, doctor, hardware, plots, saved, store
 from loadertune.config import Config
-from loadertune.errors import LoadertuneError, PartialNotSaved, SearchInterrupted
+from loadertune.errors import (
+    LoadertuneError,
+    PartialNotSaved,
+    SearchInterrupted,
+    UserCodeError,
+)
 from loadertune.report import LiveView, plain_console, print_summary
 from loadertune.search import SearchSettings
 
@@ -82,7 +87,12 @@ def _say(style: str, message: object) -> None:
 
 
 def _fail(exc: LoadertuneError) -> None:
-    _say("bold red", exc)
+    if isinstance(exc, UserCodeError):  # opens with FILE:LINE in the user's code, as compilers do
+        first, _, rest = str(exc).partition("\n")
+        _err.print(Text(first, style="bold red"), soft_wrap=True)
+        _err.print(rest, soft_wrap=True)
+    else:
+        _say("bold red", exc)
     sys.exit(1)
 
 

@@ -16,6 +16,7 @@ PACKAGE = Path(__file__).parent.parent / "loadertune"
 RANKS = {
     "loadertune.errors": 0,
     "loadertune.units": 0,
+    "loadertune.tracebacks": 0,
     "loadertune.config": 1,
     "loadertune.store": 1,
     "loadertune.measure": 2,
