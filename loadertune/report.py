@@ -145,12 +145,19 @@ def _column(
         _rate(fig.get("epoch_samples_per_s")),
         _pct(fig.get("spread")),
         _pct(fig.get("blocked_fraction")),
-        (diag or {}).get("bottleneck") or "-",
+        _BOTTLENECKS.get((diag or {}).get("bottleneck") or "", "-"),
         "-" if cpu is None else f"{cpu:.0f}% + {cpu_w or 0:.0f}%",
         "-" if fig.get("pss_bytes") is None else f"{fig['pss_bytes'] / MIB:,.0f} MiB",
         "-" if gpu is None else f"{gpu:.0f}%",
     ]
 
+
+# The diagnosis' verdicts, as the summary says them (the file keeps the short codes).
+_BOTTLENECKS = {
+    "input": "the loader (input)",
+    "compute": "your step (compute)",
+    "balanced": "neither (balanced)",
+}
 
 _SUMMARY_ROWS = (
     "setting",
@@ -191,7 +198,43 @@ _STAGE_NAMES = {
     "loader": "the loader",
     "cpu": "the CPUs, which loading and your step share",
     "transfer": "the host-to-device copy",
+    "main_process": "loading in the training process itself (num_workers=0), which beats "
+    "handing batches over from workers here",
 }
+
+# Why the exploration stopped (``search.stop_reason``), in words; "at_ceiling" is said with
+# its figures by _stop_words.
+_STOP_REASONS = {
+    "budget": "the budget was spent",
+    "n_trials": "the cap on trials (--trials) was reached",
+    "no_improvement": "the last trials brought no gain beyond the noise",
+    "space_exhausted": "every setting of the space was measured",
+    "compute_bound": "your settings already keep up (the loop almost never waited for data)",
+    "no_new_proposals": "the sampler proposed no setting that was not measured already",
+    "interrupted": "it was interrupted",
+}
+
+
+def _stop_words(entry: Mapping[str, Any]) -> str:
+    """Why the exploration stopped, true beside the ceiling line: the rule compares the best
+    rate the exploration measured with the ceiling no worker count can lift, and the ceiling
+    line compares the winner's median over its final rounds with the estimated ceiling; on a
+    noisy machine the first can reach the ceiling while the second does not."""
+    s = entry.get("search") or {}
+    reason = s.get("stop_reason")
+    if reason != "at_ceiling":
+        return _STOP_REASONS.get(reason or "", reason or "unknown")
+    best = s.get("best_explored_samples_per_s")
+    words = "the best trial reached the estimated ceiling no worker count can lift"
+    if best:
+        words = (
+            f"the best trial measured {best:,.0f} samples/s, at the estimated ceiling no "
+            "worker count can lift"
+        )
+    percent = (entry.get("diagnosis") or {}).get("percent_of_ceiling")
+    if percent is not None and percent < 90:
+        words += "; the final rounds measured the winner lower"
+    return words
 
 
 def summary_lines(rec: Recommendation | Mapping[str, Any]) -> list[str]:
@@ -218,7 +261,7 @@ def summary_lines(rec: Recommendation | Mapping[str, Any]) -> list[str]:
         )
         percent = diag.get("percent_of_ceiling")
         if percent is not None:
-            line += f"; the winner reaches {percent:.0f}% of it"
+            line += f"; the winner's median rate reaches {percent:.0f}% of it"
         lines.append(line)
     at_bs = entry.get("best_at_batch_size")
     at_bs_kwargs = (at_bs or {}).get("loader_kwargs") or {}
@@ -238,7 +281,7 @@ def summary_lines(rec: Recommendation | Mapping[str, Any]) -> list[str]:
     head = f"{s.get('n_trials', len(entry.get('trials') or []))} trials"
     if elapsed is not None:
         head += f" in {elapsed:.0f} s"
-    head += f", stopped: {s.get('stop_reason') or 'unknown'}"
+    head += f", stopped: {_stop_words(entry)}"
     if s.get("study_name"):
         head += f"; study {s['study_name']!r} in {s.get('storage') or 'an unknown storage'}"
     lines.append(head)
