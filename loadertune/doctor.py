@@ -57,7 +57,7 @@ def check_shm(hw: Hardware) -> Finding:
             "no /dev/shm: DataLoader workers hand batches over through shared memory",
             "mount a tmpfs at /dev/shm (docker run --shm-size=8g, or --ipc=host)",
         )
-    measured = f"{_size(hw.shm_total_bytes)} ({_size(hw.shm_free_bytes or 0)} free)"
+    measured = f"{_size(hw.shm_total_bytes)}, {_size(hw.shm_free_bytes or 0)} free"
     if hw.shm_total_bytes >= SMALL_SHM_BYTES:
         return Finding("/dev/shm", OK, measured)
     docker = " (Docker's default is 64 MiB)" if hw.shm_total_bytes <= 64 * MIB else ""
