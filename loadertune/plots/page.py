@@ -116,7 +116,8 @@ def rate_figure(data: ReportData) -> go.Figure:
             go.Scatter(
                 x=series.median_x,
                 y=series.median_y,
-                mode="lines",
+                mode="lines+markers",  # a marker too: a median of one worker count is a dash
+                marker={"symbol": "line-ew-open", "size": 18},
                 name=f"batch {bs}: median",
                 uid=f"median-bs{bs}",
                 legendgroup=f"bs{bs}",
@@ -410,7 +411,8 @@ def progress_figure(data: ReportData) -> go.Figure:
 # -- the page ------------------------------------------------------------------------------------
 
 _CSS = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+body { font-family: system-ui, sans-serif; color: #222;
+       margin: 2em auto; padding: 0 1em; max-width: 1100px; }
 h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; }
 table { border-collapse: collapse; margin: 1em 0; }
 td, th { border: 1px solid #ccc; padding: 4px 10px; text-align: left; vertical-align: top; }

@@ -47,7 +47,7 @@ def rate_png(data: ReportData) -> Figure:
     fig, ax = plt.subplots(figsize=(8, 4.8), dpi=110)
     for i, series in enumerate(rate_series(data)):
         color = f"C{i}"  # one colour per batch size
-        ax.plot(series.median_x, series.median_y, color=color, linewidth=1.5)
+        ax.plot(series.median_x, series.median_y, "_-", color=color, linewidth=1.5, ms=16)
         for t in series.trials:
             lo, hi = spread(t)
             ax.errorbar(
@@ -79,7 +79,7 @@ def rate_png(data: ReportData) -> Figure:
     if far:
         title += f"\noff the scale: ceiling {'; '.join(far)}"
     ax.set_title(title, fontsize=9)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
