@@ -22,6 +22,7 @@ from loadertune.config import TUNED_KEYS, Config, check_max_workers, normalize_b
 from loadertune.errors import (
     ConfigError,
     SearchInterrupted,
+    UserCodeError,
 )
 from loadertune.hardware import Hardware
 from loadertune.recommendation import Recommendation, build_recommendation
@@ -118,6 +119,10 @@ def run_search(
             settings=settings,
             observer=observer,
         ).run()
+    except UserCodeError as exc:
+        # The user's bug: its text holds their traceback; loadertune's way down to the trial
+        # that met it is noise in front of it.
+        raise exc.with_traceback(None) from None
     finally:
         runner.close()
     return build_recommendation(outcome, hw, workload=workload, hide_batch_size=hide_batch_size)

@@ -19,9 +19,14 @@ import click
 from rich.console import Console
 from rich.text import Text
 
-from loadertune import __version__, api, hardware, saved, store
+from loadertune import __version__, api, doctor, hardware, plots, saved, store
 from loadertune.config import Config
-from loadertune.errors import LoadertuneError, PartialNotSaved, SearchInterrupted
+from loadertune.errors import (
+    LoadertuneError,
+    PartialNotSaved,
+    SearchInterrupted,
+    UserCodeError,
+)
 from loadertune.report import LiveView, plain_console, print_summary
 from loadertune.search import SearchSettings
 
@@ -82,7 +87,12 @@ def _say(style: str, message: object) -> None:
 
 
 def _fail(exc: LoadertuneError) -> None:
-    _say("bold red", exc)
+    if isinstance(exc, UserCodeError):  # opens with FILE:LINE in the user's code, as compilers do
+        first, _, rest = str(exc).partition("\n")
+        _err.print(Text(first, style="bold red"), soft_wrap=True)
+        _err.print(rest, soft_wrap=True)
+    else:
+        _say("bold red", exc)
     sys.exit(1)
 
 
@@ -171,6 +181,13 @@ def cli() -> None:
 @click.option("--seed", type=int, default=None, help="Seed of the sampler.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
 @click.option("--show-trials", is_flag=True, help="Print every trial in the final report.")
+@click.option(
+    "--report",
+    "report_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Also write the HTML report of the result here (see `loadertune report`).",
+)
 def search(
     script: str,
     script_args: tuple[str, ...],
@@ -190,6 +207,7 @@ def search(
     seed: int | None,
     as_json: bool,
     show_trials: bool,
+    report_path: str | None,
 ) -> None:
     """Tune the DataLoader of SCRIPT; its own arguments follow `--`.
 
@@ -212,6 +230,8 @@ def search(
         if not force:
             store.read(out)  # an unreadable file is reported now, not after the search
         store.check_writable(out)  # so are a read-only file and a folder that cannot be written
+        if report_path is not None:
+            plots.check_installed()  # before the budget is spent, not after
         with LiveView(_err) as view, _interrupts_stop():
             rec = api.tune_script(
                 script,
@@ -246,6 +266,19 @@ def search(
     (_err if as_json else plain_console()).print(
         f"saved to {path}", highlight=False, soft_wrap=True
     )
+    if report_path is not None:
+        try:
+            data = plots.load(
+                path,
+                machine=rec.hardware.key,
+                workload=store.workload_key(rec.workload, file=path),
+            )
+            plots.write_report(data, report_path)
+        except LoadertuneError as exc:
+            _fail(exc)
+        (_err if as_json else plain_console()).print(
+            f"report written to {report_path}", highlight=False, soft_wrap=True
+        )
     if as_json:
         click.echo(
             json.dumps(
@@ -355,6 +388,59 @@ def _show_entry(console: Console, workload: str, entry: Any) -> None:
     console.print(f"    {json.dumps(kwargs, default=str)}", highlight=False, soft_wrap=True)
 
 
+@cli.command()
+@click.argument("path", default="loadertune.json", type=click.Path(dir_okay=False))
+@click.option(
+    "-o",
+    "--out",
+    default="loadertune-report.html",
+    show_default=True,
+    type=click.Path(dir_okay=False),
+    help="The HTML page to write (self-contained: it opens offline).",
+)
+@click.option(
+    "--png",
+    "png_dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Also write PNG images of the main plots into this folder.",
+)
+@click.option("--machine", default=None, help="Machine key of the entry (default: this one).")
+@click.option(
+    "--workload", default=None, help="Workload key of the entry (default: the machine's only one)."
+)
+@click.option("--study", "study_name", default=None, help="Study to read (default: the entry's).")
+@click.option("--storage", default=None, help="Its Optuna storage URL (default: the entry's).")
+def report(
+    path: str,
+    out: str,
+    png_dir: str | None,
+    machine: str | None,
+    workload: str | None,
+    study_name: str | None,
+    storage: str | None,
+) -> None:
+    """Write an HTML report (and PNG images) of an entry of a recommendation file: rate against
+    workers per batch size, the winner beside your settings, the ceilings, memory, GPU
+    utilization, the search over time, failures and advice. `loadertune show` lists the
+    entries."""
+    try:
+        data = plots.load(
+            path, machine=machine, workload=workload, study=study_name, storage=storage
+        )
+        written = plots.write_report(data, out, png_dir=png_dir)
+    except LoadertuneError as exc:
+        _fail(exc)
+    console = plain_console()
+    console.print(
+        f"report of {data.workload} on {data.machine} ({data.study_note})",
+        highlight=False,
+        soft_wrap=True,
+    )
+    for file in written:
+        console.print(f"wrote {file}", highlight=False, soft_wrap=True)
+
+
 @cli.command(name="hardware")
 @click.option("--json", "as_json", is_flag=True, help="Print the fingerprint as JSON.")
 def hardware_cmd(as_json: bool) -> None:
@@ -364,6 +450,43 @@ def hardware_cmd(as_json: bool) -> None:
         click.echo(json.dumps(hw.to_dict(), indent=2, default=str))
     else:
         click.echo(f"{hw.key}\n{hw.describe()}")
+
+
+_LEVEL_STYLES = {doctor.OK: "green", doctor.NOTE: "yellow", doctor.PROBLEM: "bold red"}
+
+
+@cli.command(name="doctor")
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
+def doctor_cmd(as_json: bool) -> None:
+    """Check what commonly hurts data loading on this machine, as this process sees it
+    (/dev/shm, CPU quota and affinity, open-file limit, NVML and busy GPUs, thread variables,
+    the start method, the torch internals loadertune relies on), each with its fix. Run it the
+    way training runs: same container, ulimit, taskset and environment."""
+    hw = hardware.detect()
+    findings = doctor.diagnose(hw)
+    if as_json:
+        click.echo(json.dumps(doctor.to_dict(hw, findings), indent=2, default=str))
+        return
+    console = plain_console()
+    v = hw.versions
+    console.print(Text.assemble(("loadertune doctor: ", "bold"), hw.key), soft_wrap=True)
+    console.print(hw.describe(), soft_wrap=True)
+    console.print(
+        f"torch {v.get('torch')}, Python {v.get('python')}, loadertune {v.get('loadertune')}, "
+        f"{v.get('platform')}",
+        soft_wrap=True,
+    )
+    for f in findings:
+        console.print(
+            Text.assemble((f"{f.level:<8}", _LEVEL_STYLES[f.level]), f"{f.topic:<16} {f.measured}"),
+            soft_wrap=True,
+        )
+        if f.fix:
+            console.print(f"{'':<8}{'':<16} fix: {f.fix}", soft_wrap=True)
+    n = sum(f.level == doctor.PROBLEM for f in findings)
+    console.print(
+        f"{n} problem(s) found" if n else "nothing here hurts data loading", soft_wrap=True
+    )
 
 
 def main() -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from loadertune import tracebacks
+
 
 class LoadertuneError(Exception):
     """Base class of every error loadertune raises on purpose."""
@@ -22,19 +24,32 @@ class ConfigError(LoadertuneError, ValueError):
 class UserCodeError(LoadertuneError):
     """The user's own code failed in a way no DataLoader setting can fix.
 
+    Its text opens with where the user's code raised (``train.py:42 in __getitem__:
+    ValueError: ...``), then one line saying what happened and what to do, then the traceback
+    with loadertune's, torch's and Python's own frames left out (each run of them marked).
+
     Attributes:
         kind: short machine-readable cause: ``"dataset_error"``, ``"step_error"``...
-        detail: the user's traceback, as text.
+        detail: the user's traceback (and the script's output), as text, untrimmed.
+        advice: what to do about it.
     """
 
-    def __init__(self, message: str, *, kind: str, detail: str = "") -> None:
+    def __init__(self, message: str, *, kind: str, detail: str = "", advice: str = "") -> None:
         super().__init__(message)
         self.kind = kind
         self.detail = detail
+        self.advice = advice
 
     def __str__(self) -> str:
         base = super().__str__()
-        return f"{base}\n\n{self.detail.rstrip()}" if self.detail else base
+        todo = f"{base}; {self.advice}" if self.advice else base
+        if not self.detail:
+            return todo
+        trimmed = tracebacks.trim(self.detail.rstrip())
+        if trimmed.origin is None:
+            return f"{todo}\n\n{trimmed.text}"
+        where = f"{trimmed.origin}: {trimmed.exception or 'raised'}"
+        return f"{where}\n{todo}\n\n{trimmed.text}"
 
 
 class ScriptError(UserCodeError):

@@ -32,30 +32,68 @@ def _read(path: str) -> str | None:
         return None
 
 
-def cgroup_cpu_quota(root: str = "/sys/fs/cgroup") -> float | None:
-    """CPUs' worth of time the cgroup allows (v2 ``cpu.max``, else v1); None if unlimited."""
-    v2 = _read(f"{root}/cpu.max")
-    if v2 is not None:
-        quota, _, period = v2.partition(" ")
-        if quota == "max" or not period:
-            return None
-        return int(quota) / int(period)
-    quota_us, period_us = (
-        _read(f"{root}/cpu/cpu.cfs_quota_us"),
-        _read(f"{root}/cpu/cpu.cfs_period_us"),
-    )
-    if quota_us and period_us and int(quota_us) > 0:
-        return int(quota_us) / int(period_us)
-    return None
+def _own_cgroup(controller: str, proc_cgroup: str) -> tuple[str, str]:
+    """This process's cgroup: its path in the v1 hierarchy of ``controller``, and in v2 (both
+    "/" when ``proc_cgroup`` does not say)."""
+    v1 = v2 = "/"
+    for line in (_read(proc_cgroup) or "").splitlines():
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hierarchy == "0" and not controllers:
+            v2 = path or "/"
+        elif controller in controllers.split(","):
+            v1 = path or "/"
+    return v1, v2
 
 
-def cgroup_memory_limit(root: str = "/sys/fs/cgroup") -> int | None:
-    """Bytes the cgroup allows (v2 ``memory.max``, else v1), or None if unlimited."""
-    for path in (f"{root}/memory.max", f"{root}/memory/memory.limit_in_bytes"):
+def _up_from(base: str, path: str) -> list[str]:
+    """``base/path`` and each of its ancestors up to ``base``: a parent's limit binds its
+    children too. A folder not mounted here (the path of a cgroup namespace's outside) is
+    skipped."""
+    parts = [p for p in path.split("/") if p]
+    return [os.path.join(base, *parts[:i]) for i in range(len(parts), -1, -1)]
+
+
+def cgroup_cpu_quota(
+    root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup"
+) -> float | None:
+    """CPUs' worth of time the cgroup allows (v2 ``cpu.max``, else v1), the lowest over this
+    process's cgroup and its ancestors; None if unlimited."""
+    v1, v2 = _own_cgroup("cpu", proc_cgroup)
+    found_v2 = False
+    quotas: list[float] = []
+    for folder in _up_from(root, v2):
+        text = _read(f"{folder}/cpu.max")
+        if text is None:
+            continue
+        found_v2 = True
+        quota, _, period = text.partition(" ")
+        if quota != "max" and period:
+            quotas.append(int(quota) / int(period))
+    if not found_v2:
+        for folder in _up_from(f"{root}/cpu", v1):
+            quota_us = _read(f"{folder}/cpu.cfs_quota_us")
+            period_us = _read(f"{folder}/cpu.cfs_period_us")
+            if quota_us and period_us and int(quota_us) > 0:
+                quotas.append(int(quota_us) / int(period_us))
+    return min(quotas) if quotas else None
+
+
+def cgroup_memory_limit(
+    root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup"
+) -> int | None:
+    """Bytes the cgroup allows (v2 ``memory.max``, else v1), the lowest over this process's
+    cgroup and its ancestors; None if unlimited."""
+    v1, v2 = _own_cgroup("memory", proc_cgroup)
+    limits = []
+    for path in [
+        *(f"{folder}/memory.max" for folder in _up_from(root, v2)),
+        *(f"{folder}/memory.limit_in_bytes" for folder in _up_from(f"{root}/memory", v1)),
+    ]:
         text = _read(path)
         if text and text != "max" and int(text) < 2**60:  # v1 reports "unlimited" as ~2**63
-            return int(text)
-    return None
+            limits.append(int(text))
+    return min(limits) if limits else None
 
 
 def usable_cpus(affinity: int | None = None, quota: float | None = None) -> int:

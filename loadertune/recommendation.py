@@ -158,6 +158,9 @@ def build_recommendation(
             "study_name": outcome.study_name,
             "storage": outcome.storage,
             "stop_reason": outcome.stop_reason,
+            # what the stop rules read: the best rate the exploration measured (earlier runs of
+            # the study included), by epoch
+            "best_explored_samples_per_s": max(outcome.values.values(), default=None),
             "elapsed_s": outcome.elapsed_s,
             "n_trials": len(outcome.trials),
             "n_previous_trials": outcome.n_previous_trials,

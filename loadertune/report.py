@@ -8,6 +8,7 @@ stdout is not a terminal it prints one plain line per trial instead.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group
@@ -144,12 +145,19 @@ def _column(
         _rate(fig.get("epoch_samples_per_s")),
         _pct(fig.get("spread")),
         _pct(fig.get("blocked_fraction")),
-        (diag or {}).get("bottleneck") or "-",
+        _BOTTLENECKS.get((diag or {}).get("bottleneck") or "", "-"),
         "-" if cpu is None else f"{cpu:.0f}% + {cpu_w or 0:.0f}%",
         "-" if fig.get("pss_bytes") is None else f"{fig['pss_bytes'] / MIB:,.0f} MiB",
         "-" if gpu is None else f"{gpu:.0f}%",
     ]
 
+
+# The diagnosis' verdicts, as the summary says them (the file keeps the short codes).
+_BOTTLENECKS = {
+    "input": "the loader (input)",
+    "compute": "your step (compute)",
+    "balanced": "neither (balanced)",
+}
 
 _SUMMARY_ROWS = (
     "setting",
@@ -164,17 +172,24 @@ _SUMMARY_ROWS = (
 )
 
 
+def summary_rows(entry: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """Baseline beside winner, row by row (name, baseline, winner), from a file entry (or
+    ``Recommendation.to_entry()``): rate, noise, blocked fraction, bottleneck, CPU, memory, GPU."""
+    diag = entry.get("diagnosis") or {}
+    baseline = entry.get("baseline") or {}
+    base = _column(baseline.get("loader_kwargs"), baseline, diag.get("baseline"))
+    win = _column(entry.get("loader_kwargs"), entry.get("winner"), diag.get("winner"))
+    return list(zip(_SUMMARY_ROWS, base, win, strict=True))
+
+
 def summary_table(rec: Recommendation) -> Table:
     """Baseline beside winner: rate, noise, blocked fraction, bottleneck, CPU, memory, GPU."""
     table = Table()
     table.add_column("")
     table.add_column("baseline (yours)")
     table.add_column("winner", style="bold")
-    diag = rec.diagnosis or {}
-    base = _column(rec.baseline_kwargs, rec.baseline, diag.get("baseline"))
-    win = _column(rec.loader_kwargs, rec.winner, diag.get("winner"))
-    for name, b, w in zip(_SUMMARY_ROWS, base, win, strict=True):
-        table.add_row(name, b, w)
+    for row in summary_rows(rec.to_entry()):
+        table.add_row(*row)
     return table
 
 
@@ -183,21 +198,60 @@ _STAGE_NAMES = {
     "loader": "the loader",
     "cpu": "the CPUs, which loading and your step share",
     "transfer": "the host-to-device copy",
+    "main_process": "loading in the training process itself (num_workers=0), which beats "
+    "handing batches over from workers here",
+}
+
+# Why the exploration stopped (``search.stop_reason``), in words; "at_ceiling" is said with
+# its figures by _stop_words.
+_STOP_REASONS = {
+    "budget": "the budget was spent",
+    "n_trials": "the cap on trials (--trials) was reached",
+    "no_improvement": "the last trials brought no gain beyond the noise",
+    "space_exhausted": "every setting of the space was measured",
+    "compute_bound": "your settings already keep up (the loop almost never waited for data)",
+    "no_new_proposals": "the sampler proposed no setting that was not measured already",
+    "interrupted": "it was interrupted",
 }
 
 
-def summary_lines(rec: Recommendation) -> list[str]:
-    """The verdict in plain lines. Total: any optional part of ``rec`` may be missing (a resumed
-    search whose winner was measured only in an earlier run, a partial entry, an old file)."""
+def _stop_words(entry: Mapping[str, Any]) -> str:
+    """Why the exploration stopped, true beside the ceiling line: the rule compares the best
+    rate the exploration measured with the ceiling no worker count can lift, and the ceiling
+    line compares the winner's median over its final rounds with the estimated ceiling; on a
+    noisy machine the first can reach the ceiling while the second does not."""
+    s = entry.get("search") or {}
+    reason = s.get("stop_reason")
+    if reason != "at_ceiling":
+        return _STOP_REASONS.get(reason or "", reason or "unknown")
+    best = s.get("best_explored_samples_per_s")
+    words = "the best trial reached the estimated ceiling no worker count can lift"
+    if best:
+        words = (
+            f"the best trial measured {best:,.0f} samples/s, at the estimated ceiling no "
+            "worker count can lift"
+        )
+    percent = (entry.get("diagnosis") or {}).get("percent_of_ceiling")
+    if percent is not None and percent < 90:
+        words += "; the final rounds measured the winner lower"
+    return words
+
+
+def summary_lines(rec: Recommendation | Mapping[str, Any]) -> list[str]:
+    """The verdict in plain lines, from a Recommendation or a file entry. Total: any optional
+    part may be missing (a resumed search whose winner was measured only in an earlier run, a
+    partial entry, an old file)."""
+    entry = rec if isinstance(rec, Mapping) else rec.to_entry()
     lines = []
-    diag = rec.diagnosis or {}
-    if rec.speedup is not None:
+    diag = entry.get("diagnosis") or {}
+    speedup = entry.get("speedup")
+    if speedup is not None:
         verdict = (
             "within the noise of your settings: keep them, or take the winner for free"
-            if rec.within_noise
+            if entry.get("within_noise")
             else "clearly faster than your settings"
         )
-        lines.append(f"speed-up {rec.speedup:.2f}x per epoch ({verdict})")
+        lines.append(f"speed-up {speedup:.2f}x per epoch ({verdict})")
     ceiling = diag.get("ceiling_samples_per_s")
     if ceiling:
         stage = str((diag.get("ceilings") or {}).get("limiting_stage") or "")
@@ -207,26 +261,27 @@ def summary_lines(rec: Recommendation) -> list[str]:
         )
         percent = diag.get("percent_of_ceiling")
         if percent is not None:
-            line += f"; the winner reaches {percent:.0f}% of it"
+            line += f"; the winner's median rate reaches {percent:.0f}% of it"
         lines.append(line)
-    at_bs = rec.best_at_batch_size
+    at_bs = entry.get("best_at_batch_size")
     at_bs_kwargs = (at_bs or {}).get("loader_kwargs") or {}
+    kwargs = entry.get("loader_kwargs") or {}
     if (
         at_bs_kwargs.get("batch_size") is not None
-        and "batch_size" in rec.loader_kwargs
-        and at_bs_kwargs["batch_size"] != rec.loader_kwargs["batch_size"]
+        and "batch_size" in kwargs
+        and at_bs_kwargs["batch_size"] != kwargs["batch_size"]
     ):
         lines.append(
             f"best at your batch size: {Config.from_kwargs(at_bs_kwargs).label()} "
             f"{_rate((at_bs or {}).get('samples_per_s'))} samples/s; the winner changes the batch "
             "size, so scale the learning rate with it (linearly or by its square root)"
         )
-    s = rec.search or {}
+    s = entry.get("search") or {}
     elapsed = s.get("elapsed_s")
-    head = f"{s.get('n_trials', len(rec.trials))} trials"
+    head = f"{s.get('n_trials', len(entry.get('trials') or []))} trials"
     if elapsed is not None:
         head += f" in {elapsed:.0f} s"
-    head += f", stopped: {s.get('stop_reason') or 'unknown'}"
+    head += f", stopped: {_stop_words(entry)}"
     if s.get("study_name"):
         head += f"; study {s['study_name']!r} in {s.get('storage') or 'an unknown storage'}"
     lines.append(head)

@@ -297,3 +297,26 @@ def test_detect_uses_cgroup_quota(monkeypatch: pytest.MonkeyPatch) -> None:
     assert hw.cpu_quota == 1.0
     assert hw.usable_cpus == 1
     assert "-x1cpu" in hw.key
+
+
+def test_the_quota_of_this_process_cgroup_and_its_parents(tmp_path: Path) -> None:
+    """A process in a nested cgroup (a systemd slice, a pod without a cgroup namespace) is bound
+    by its own cgroup's quota and by every parent's: the lowest counts."""
+    proc = tmp_path / "cgroup"
+    proc.write_text("4:memory:/job/step\n2:cpu,cpuacct:/job/step\n0::/\n")
+    _write(tmp_path, "cpu/job/cpu.cfs_quota_us", "300000")
+    _write(tmp_path, "cpu/job/cpu.cfs_period_us", "100000")
+    _write(tmp_path, "cpu/job/step/cpu.cfs_quota_us", "-1")  # unlimited itself
+    _write(tmp_path, "cpu/job/step/cpu.cfs_period_us", "100000")
+    assert cgroup_cpu_quota(str(tmp_path), str(proc)) == pytest.approx(3.0)
+    _write(tmp_path, "memory/job/step/memory.limit_in_bytes", str(2 * GIB))
+    _write(tmp_path, "memory/memory.limit_in_bytes", str(2**63 - 4096))
+    assert cgroup_memory_limit(str(tmp_path), str(proc)) == 2 * GIB
+
+
+def test_the_quota_of_a_v2_cgroup_below_the_root(tmp_path: Path) -> None:
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/user.slice/job\n")
+    _write(tmp_path, "cpu.max", "max 100000")
+    _write(tmp_path, "user.slice/job/cpu.max", "50000 100000")
+    assert cgroup_cpu_quota(str(tmp_path), str(proc)) == pytest.approx(0.5)

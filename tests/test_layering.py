@@ -16,6 +16,7 @@ PACKAGE = Path(__file__).parent.parent / "loadertune"
 RANKS = {
     "loadertune.errors": 0,
     "loadertune.units": 0,
+    "loadertune.tracebacks": 0,
     "loadertune.config": 1,
     "loadertune.store": 1,
     "loadertune.measure": 2,
@@ -25,8 +26,10 @@ RANKS = {
     "loadertune.analysis": 6,
     "loadertune.recommendation": 7,
     "loadertune.report": 8,
+    "loadertune.plots": 8,
     "loadertune.api": 9,
     "loadertune.saved": 9,
+    "loadertune.doctor": 9,
     "loadertune.cli": 10,
     "loadertune": 11,  # the package's __init__: the public face
     "loadertune.__main__": 12,

@@ -200,7 +200,7 @@ def test_summary_lines() -> None:
         for line in lines
     )
     assert any(line.startswith("best at your batch size: bs=64 w=4 pf=2") for line in lines)
-    assert any("2 trials in 42 s, stopped: budget" in line for line in lines)
+    assert any("2 trials in 42 s, stopped: the budget was spent" in line for line in lines)
 
 
 def test_summary_lines_within_noise_and_same_batch_size() -> None:
@@ -221,8 +221,8 @@ def test_summary_table_sets_baseline_beside_winner() -> None:
     assert "4,000" in text
     assert "95% + 180%" in text
     assert "3,072 MiB" in text
-    assert "input" in text
-    assert "compute" in text
+    assert "the loader (input)" in text  # the baseline waited for data
+    assert "your step (compute)" in text
 
 
 def test_summary_table_without_batch_size_in_kwargs() -> None:
@@ -288,3 +288,42 @@ def test_the_summary_survives_an_empty_diagnosis() -> None:
     rec = _recommendation(diagnosis={}, best_at_batch_size={"samples_per_s": 1.0}, search={})
     assert summary_lines(rec)[-1].endswith("stopped: unknown")
     assert "bs=64 w=0" in _render(summary_table(rec))
+
+
+def test_every_stage_is_named_in_words() -> None:
+    """No internal name (main_process, consumer) reaches the user."""
+    for stage, words in [
+        ("main_process", "loading in the training process itself (num_workers=0)"),
+        ("consumer", "your step"),
+        ("cpu", "the CPUs, which loading and your step share"),
+        ("transfer", "the host-to-device copy"),
+    ]:
+        diag = {"ceiling_samples_per_s": 900.0, "ceilings": {"limiting_stage": stage}}
+        (line,) = [x for x in summary_lines(_recommendation(diagnosis=diag)) if "ceiling" in x]
+        assert f"(limited by {words}" in line and stage not in line.replace(words, "")
+
+
+def test_stopped_at_the_ceiling_never_contradicts_the_ceiling_line() -> None:
+    """The stop rule reads the best rate the exploration measured; the ceiling line, the
+    winner's median over its final rounds. Both are said as what they are."""
+    diag = {
+        "ceiling_samples_per_s": 3000.0,
+        "percent_of_ceiling": 53.0,
+        "ceilings": {"limiting_stage": "cpu"},
+    }
+    search = {
+        "n_trials": 9,
+        "stop_reason": "at_ceiling",
+        "best_explored_samples_per_s": 2950.0,
+    }
+    lines = summary_lines(_recommendation(diagnosis=diag, search=search))
+    ceiling = next(x for x in lines if x.startswith("estimated ceiling"))
+    stopped = next(x for x in lines if "stopped:" in x)
+    assert "the winner's median rate reaches 53% of it" in ceiling
+    assert "the best trial measured 2,950 samples/s, at the estimated ceiling" in stopped
+    assert "the final rounds measured the winner lower" in stopped
+    assert "at_ceiling" not in stopped
+    near = summary_lines(
+        _recommendation(diagnosis={**diag, "percent_of_ceiling": 97.0}, search=search)
+    )
+    assert not any("measured the winner lower" in x for x in near)

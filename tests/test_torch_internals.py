@@ -34,3 +34,7 @@ def test_a_missing_name_is_reported_by_name() -> None:
         pass
 
     assert internals.missing(Bare()) == [f"Bare.{name}" for name in internals.INSTANCE_ATTRIBUTES]
+
+
+def test_missing_live_checks_a_real_iterator_and_leaves_no_worker() -> None:
+    assert internals.missing_live() == []

@@ -226,7 +226,8 @@ def classify_text(text: str, *, where: str, detail: str = "", num_workers: int =
         return Failure(
             FailureKind.DATASET_ERROR,
             f"the dataset raised {origin}; this is a bug in the dataset, not a tuning problem",
-            "fix the dataset: run it with num_workers=0 to debug the traceback below",
+            "fix the dataset where the traceback below points (num_workers=0 makes it easier "
+            "to debug)",
             user_bug=True,
             detail=detail or text,
         )

@@ -177,3 +177,21 @@ def index_for_bus_id(pci_bus_id: str) -> int | None:
         return int(nv.nvmlDeviceGetIndex(nv.nvmlDeviceGetHandleByPciBusId(pci_bus_id)))
     except Exception:
         return None
+
+
+def compute_processes(nvml_index: int) -> list[tuple[int, int | None]] | None:
+    """Processes running CUDA work on the device: (pid, GPU memory used in bytes or None), or
+    None when NVML cannot say. In a container, pids are the host's."""
+    nv = _nvml()
+    handle = _handle(nvml_index)
+    if nv is None or handle is None:
+        return None
+    try:
+        procs = nv.nvmlDeviceGetComputeRunningProcesses(handle)
+    except Exception:
+        return None
+    out = []
+    for p in procs:
+        used = getattr(p, "usedGpuMemory", None)
+        out.append((int(p.pid), int(used) if isinstance(used, int) else None))
+    return out

@@ -116,7 +116,10 @@ class Search:
             self.observer.trial_finished(result, self.ledger.best)
         if result.failure is not None and result.failure.user_bug:
             raise self.runner.user_error(
-                result.failure.message, kind=result.failure.kind, detail=result.failure.detail
+                result.failure.message,
+                kind=result.failure.kind,
+                detail=result.failure.detail,
+                advice=result.failure.advice,
             )
         return result
 

@@ -244,3 +244,40 @@ class StudyLog:
 
     def n_complete(self) -> int:
         return len(self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+
+
+def stored_trials(storage: str, name: str) -> list[dict[str, Any]]:
+    """Every trial of study ``name`` in ``storage`` as plain data, for reports that do not
+    import Optuna: ``number``, ``state`` (``"COMPLETE"``, ``"PRUNED"``, ``"FAIL"``...),
+    ``params``, ``value``, ``start``/``end`` (datetimes or None) and ``user_attrs`` (the
+    search's full ``result`` of each measured trial, its ``phase`` and ``error``).
+
+    Raises:
+        ConfigError: the storage cannot be opened, or holds no study of that name.
+    """
+    with quiet_optuna():
+        try:
+            study = optuna.load_study(study_name=name, storage=storage)
+        except KeyError:
+            known = ", ".join(repr(s) for s in optuna.get_all_study_names(storage)) or "none"
+            raise ConfigError(
+                f"{storage} has no study {name!r}; it has: {known}. Pass one of those "
+                "with --study, or the storage of the search with --storage."
+            ) from None
+        except Exception as exc:  # sqlalchemy's ArgumentError, OperationalError...
+            raise ConfigError(
+                f"cannot open the study storage {storage!r} ({type(exc).__name__}: {exc}). "
+                "Pass the storage URL of the search with --storage."
+            ) from exc
+        return [
+            {
+                "number": t.number,
+                "state": t.state.name,
+                "params": dict(t.params),
+                "value": t.value,
+                "start": t.datetime_start,
+                "end": t.datetime_complete,
+                "user_attrs": dict(t.user_attrs),
+            }
+            for t in study.get_trials(deepcopy=False)
+        ]

@@ -74,6 +74,18 @@ def missing(iterator: object | None = None) -> list[str]:
     return gone
 
 
+def missing_live() -> list[str]:
+    """:func:`missing`, with the instance attributes checked on a real iterator: one worker is
+    started, read once, and shut down before this returns (``loadertune doctor``)."""
+    loader: DataLoader[int] = DataLoader(list(range(4)), batch_size=2, num_workers=1)  # type: ignore[arg-type]
+    iterator = iter(loader)
+    try:
+        next(iterator)
+        return missing(iterator)
+    finally:
+        shut_down(iterator)
+
+
 def live_iterator(loader: DataLoader[Any]) -> object | None:
     """The iterator a ``persistent_workers`` loader keeps between epochs (None if none)."""
     return getattr(loader, "_iterator", None)
