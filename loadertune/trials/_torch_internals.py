@@ -22,6 +22,9 @@ Each name, what it is used for, and what happens if it changes:
   handler before wrapping it. If gone: deaths are found by torch's 5 s status check instead.
 - ``DataLoader._iterator``: a persistent-workers loader's live iterator, to shut it down. If
   gone: persistent workers of a failed trial linger until GC.
+- ``DataLoader._get_iterator``, ``._index_sampler`` and ``._auto_collation``: how a loader makes
+  its iterator; a subclass overriding one is not hot-swapped (:mod:`loadertune.trials.hotswap`).
+  If gone: every loader is taken for such a subclass, and gets a fresh process per setting.
 - ``multiprocessing.Process._popen.returncode``: tell multiprocessing about workers we reaped.
   If gone: two fds and a Process object leak per killed worker.
 """
@@ -49,6 +52,9 @@ REQUIRED: tuple[tuple[object, str], ...] = (
     (_MultiProcessingDataLoaderIter, "_shutdown_workers"),
     (_signal_handling, "_set_SIGCHLD_handler"),
 )
+# How a DataLoader makes its iterator (a subclass overriding one of them is not hot-swapped).
+ITERATOR_HOOKS = ("_get_iterator", "_index_sampler", "_auto_collation")
+REQUIRED += tuple((DataLoader, name) for name in ITERATOR_HOOKS)
 # Set on instances in __init__ (not visible on the class): checked on a live iterator.
 INSTANCE_ATTRIBUTES = ("_index_queues", "_worker_result_queue", "_workers", "_shutdown")
 
