@@ -54,6 +54,7 @@ from typing import Any, Protocol
 from torch.utils.data import DataLoader, IterableDataset
 
 from loadertune.config import Config
+from loadertune.measure.counting import structure_counter
 from loadertune.measure.meter import Measurement, Meter, Sink, WindowSpec
 from loadertune.trials import _torch_internals as _internals
 from loadertune.trials import lifeline
@@ -300,15 +301,15 @@ class Conductor(Protocol):
 class _Run:
     """A step in progress: its segment, its meter (None when unmeasured) and its iterator."""
 
-    def __init__(self, step: Step, segment: Segment) -> None:
+    def __init__(self, step: Step, segment: Segment, replayed: Any = None) -> None:
         self.step, self.segment = step, segment
         self.meter: Meter | None = None
-        self.replayed: Any = None  # the replay's batch
+        self.replayed = replayed  # the replay's one batch, handed over again and again
         self.it: Iterator[Any] | None = None
         if step.window is not None:
             self.meter = Meter(
                 step.window,
-                count=segment.count,
+                count=segment.count if replayed is None else structure_counter,
                 sink=step.sink,
                 sync=dl.cuda_sync,
                 measure_cpu=step.config.num_workers == 0 and step.phase != "replay",
@@ -412,10 +413,9 @@ class HotSwap:
             self.conductor.finished(Outcome(step, no_batches=why, epoch_samples=0))
             return None
         segment = Segment(self.loader, step.config, regroup=self.regroup, timeout_s=step.hang_s)
-        run = self.current = _Run(step, segment)
-        if step.phase == "replay":
-            segment.order = order
-            run.replayed = segment.first_batch_unreceived()
+        segment.order = order
+        replayed = segment.first_batch_unreceived() if step.phase == "replay" else None
+        run = self.current = _Run(step, segment, replayed)
         run.enter(order)
         return run
 
