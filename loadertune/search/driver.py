@@ -180,7 +180,7 @@ class Search:
             and self._fits(2 + plan.MIN_EXPLORED)
         )
         planned = [(Config(bs, 1, 2, False, False), "probe")] if with_w1 else []
-        if w0.ok and self._fits(len(planned) + 1):
+        if w0.ok and self.runner.replays and self._fits(len(planned) + 1):
             planned.append((Config(bs), "replay"))
         ran = self._measure_many(planned) if planned else []
         w1 = next(

@@ -127,20 +127,21 @@ _WAITING = {
 _LIBRARIES = (sysconfig.get_paths()["stdlib"], os.path.dirname(torch.__file__))
 
 
-def raising_is_safe(frame: Any) -> bool:
+def raising_is_safe(frame: Any, *, only_while_waiting: bool = False) -> bool:
     """Whether an exception raised by a signal handler in ``frame`` (the innermost Python frame
     it interrupted) leaves nothing half done: outside the standard library and torch, or where
     torch waits for a batch. Elsewhere inside them it can leak what they were opening (torch's
     open-files probe leaves a temporary file open) or leave a queue half set up (a feeder thread
-    interrupted while starting is never told to stop)."""
+    interrupted while starting is never told to stop). ``only_while_waiting``: only where torch
+    waits for a batch (a real training run: its own code must never see the error)."""
     if frame is None:
-        return True
+        return not only_while_waiting
     caller = frame
     while caller is not None and _place(caller) in _WAITING:
         caller = caller.f_back
     if caller is not frame:  # a wait: torch's wait for a batch, or one inside other work
         return caller is not None and caller.f_code.co_name == "_try_get_data"
-    return not frame.f_code.co_filename.startswith(_LIBRARIES)
+    return not only_while_waiting and not frame.f_code.co_filename.startswith(_LIBRARIES)
 
 
 def _place(frame: Any) -> tuple[str, str]:
@@ -157,9 +158,11 @@ class _DeferredDeaths:
         *,
         delay_s: float = 0.005,
         send: Callable[[], object] | None = None,
+        only_while_waiting: bool = False,
     ) -> None:
         self._handler = handler
         self._delay_s = delay_s
+        self._only_while_waiting = only_while_waiting
         main = threading.main_thread().ident
         assert main is not None
         # To the main thread itself: a process-wide signal sent from the timer's thread goes to
@@ -180,7 +183,7 @@ class _DeferredDeaths:
             self._pending = exc
         if self._pending is None:
             return
-        if raising_is_safe(frame):
+        if raising_is_safe(frame, only_while_waiting=self._only_while_waiting):
             pending, self._pending = self._pending, None
             raise pending
         if self._timer is None or not self._timer.is_alive():
@@ -199,7 +202,7 @@ class _DeferredDeaths:
 
 
 @contextlib.contextmanager
-def worker_deaths_deferred() -> Iterator[None]:
+def worker_deaths_deferred(*, only_while_waiting: bool = False) -> Iterator[None]:
     """Within this block, a dead worker is reported (raised by DataLoader's SIGCHLD handler)
     only where raising leaves nothing half done; see :func:`raising_is_safe`. Main thread only."""
     if threading.current_thread() is not threading.main_thread():
@@ -212,13 +215,25 @@ def worker_deaths_deferred() -> Iterator[None]:
     if not callable(handler):
         yield
         return
-    deferred = _DeferredDeaths(handler)
+    global _deferred
+    deferred = _deferred = _DeferredDeaths(handler, only_while_waiting=only_while_waiting)
     signal.signal(signal.SIGCHLD, deferred)
     try:
         yield
     finally:
         deferred.close()
+        _deferred = None
         signal.signal(signal.SIGCHLD, handler)
+
+
+_deferred: _DeferredDeaths | None = None
+
+
+def forget_deaths() -> None:
+    """A failed loader has been taken down: a report of its dead worker that is still kept
+    (raised elsewhere first, by torch's own check) must not fail the next loader."""
+    if _deferred is not None:
+        _deferred._pending = None
 
 
 def contained(fn: Callable[[], Any]) -> BaseException | None:

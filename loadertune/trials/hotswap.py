@@ -294,8 +294,8 @@ class Conductor(Protocol):
         """The next step; None: none yet (the setting in use goes on, unmeasured)."""
 
     def finished(self, outcome: Outcome) -> bool:
-        """A measured step ended (its workers are still up); True: keep the setting running,
-        unmeasured, until the next step."""
+        """A measured step ended (its workers are still up); True: it worked, keep it running,
+        unmeasured, until the next step (False: stop its workers)."""
 
 
 class _Run:
@@ -448,9 +448,9 @@ class HotSwap:
         if run.replayed is not None:
             outcome.bytes_per_sample = dl.bytes_per_sample(run.replayed)
             outcome.transfer = dl.transfer_rates(run.replayed)
-        if run.step.phase != "replay":
-            self.good = cfg
         keep = self.conductor.finished(outcome)
+        if keep and run.step.phase != "replay":
+            self.good = cfg
         run.meter = None
         if not keep or run.it is None:
             self._close(run)
@@ -460,6 +460,7 @@ class HotSwap:
         signals = _internals.dead_worker_signals(run.segment.iterator)
         run.meter = None
         self._close(run)
+        _internals.forget_deaths()
         self.conductor.finished(Outcome(run.step, error=exc, worker_signals=signals))
 
     def _close(self, run: _Run) -> None:

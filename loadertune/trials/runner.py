@@ -157,6 +157,7 @@ class TrialRunner(Protocol):
     epoch_samples: int | None  # samples per epoch at the baseline's batch size; None if unknown
     uses_cuda: bool  # pin_memory is worth searching
     in_process: bool  # trials run in this process (their memory budget sits on top of ours)
+    replays: bool  # can replay one batch through the step (phase "replay")
     bytes_per_sample: float | None  # size of one collated sample, once a trial has seen one
 
     @property
@@ -206,6 +207,7 @@ class BaseRunner:
     :meth:`_trial`; see :class:`TrialRunner` for the rest."""
 
     bytes_per_sample: float | None = None
+    replays = True
 
     def run(
         self,
