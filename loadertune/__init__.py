@@ -23,6 +23,7 @@ from loadertune.errors import (
 )
 from loadertune.recommendation import Recommendation
 from loadertune.saved import load_recommendation
+from loadertune.tuning import tuned
 
 __all__ = [
     "ConfigError",
@@ -36,4 +37,5 @@ __all__ = [
     "__version__",
     "load_recommendation",
     "tune_loader",
+    "tuned",
 ]

@@ -128,7 +128,7 @@ def run_search(
     return build_recommendation(outcome, hw, workload=workload, hide_batch_size=hide_batch_size)
 
 
-def _resolved(settings: SearchSettings, hw: Hardware, *, study_name: str) -> SearchSettings:
+def resolved_settings(settings: SearchSettings, hw: Hardware, *, study_name: str) -> SearchSettings:
     """``settings`` checked against this machine, with the workload's study name unless one was
     given."""
     check_max_workers(settings.max_workers, hw.logical_cpus)
@@ -205,7 +205,7 @@ def tune_loader(
     user_bs = _user_batch_size(batch_size, baseline)
     sizes = normalize_batch_sizes(batch_size)
     base = Config.from_kwargs(baseline or {}, batch_size=user_bs)
-    settings = _resolved(
+    settings = resolved_settings(
         SearchSettings(
             budget_s=budget_s,
             n_trials=n_trials,
@@ -286,7 +286,7 @@ def tune_script(
     ident = hashlib.sha1(
         f"{os.path.abspath(script)}|{list(args)}|{loader}|{list(sizes)}".encode()
     ).hexdigest()[:10]
-    settings = _resolved(
+    settings = resolved_settings(
         settings or SearchSettings(),
         hw,
         study_name=f"script-{os.path.basename(str(script))}-{ident}",

@@ -305,15 +305,63 @@ def search(
     type=click.Path(dir_okay=False),
     help="Recommendation file.",
 )
-def run(script: str, script_args: tuple[str, ...], path: str) -> None:
-    """Run SCRIPT for real with this machine's saved settings applied to its DataLoader."""
+@click.option(
+    "--tune",
+    is_flag=True,
+    help="Tune the DataLoader during the first --budget seconds of this run, on its own training "
+    "loop, then go on with the winner and save it to --file.",
+)
+@click.option(
+    "--budget",
+    "budget_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=60.0,
+    show_default=True,
+    help="With --tune: seconds of the run spent trying settings (every batch still trains).",
+)
+@click.option(
+    "--batch-sizes",
+    callback=_batch_sizes,
+    default=None,
+    help="With --tune: batch sizes the run may switch to (default: keep the script's).",
+)
+@click.option(
+    "--loader",
+    type=click.IntRange(min=1),
+    default=None,
+    help="With --tune: which DataLoader, by order of creation (default: the saved entry's, "
+    "else the first the script iterates).",
+)
+def run(
+    script: str,
+    script_args: tuple[str, ...],
+    path: str,
+    tune: bool,
+    budget_s: float,
+    batch_sizes: list[int] | None,
+    loader: int | None,
+) -> None:
+    """Run SCRIPT for real with this machine's saved settings applied to its DataLoader.
+
+    With --tune, the run also tunes it: the first --budget seconds try settings on the live
+    training loop, then the winner runs to the end and is saved.
+    """
+    report = lambda line: _err.print(line, soft_wrap=True)  # noqa: E731
     try:
-        code = saved.run_script(
-            script,
-            script_args,
-            path=path,
-            report=lambda line: _err.print(line, soft_wrap=True),
-        )
+        if tune:
+            from loadertune.tuning import run_script_tuned
+
+            code = run_script_tuned(
+                script,
+                script_args,
+                path=path,
+                budget_s=budget_s,
+                batch_size=batch_sizes,
+                loader=loader,
+                report=report,
+            )
+        else:
+            code = saved.run_script(script, script_args, path=path, report=report)
     except LoadertuneError as exc:
         _fail(exc)
     sys.exit(code)

@@ -54,7 +54,7 @@ def load_recommendation(
     return dict(store.entry_for(path, key, workload)["loader_kwargs"])
 
 
-def _apply_saved(
+def apply_saved(
     script: str | os.PathLike[str], path: str | os.PathLike[str], report: Callable[[str], None]
 ) -> Apply | ApplyEach:
     """The controller applying this machine's entries for ``script``: one loader's (by its
@@ -113,7 +113,7 @@ def run_script(
     check_script(script)
     controller = None
     try:
-        controller = _apply_saved(script, path, report)
+        controller = apply_saved(script, path, report)
     except LoadertuneError as exc:
         report(f"loadertune: running without changes: {exc}")
     try:

@@ -43,14 +43,21 @@ the main process ``B*S/8 GB/s`` of CPU). The main process receives each batch fr
   limits, enforced on the trial's simulated times.
 * Noise: per trial a log-normal factor (sigma drawn in 5..30% per workload) and, with probability
   3%, an outlier at 0.5x (a neighbour's burst); per sub-window a further log-normal factor.
-* Wall time of a trial: set-up (inline 0.05 s; script: a process start of 2..5 s per workload,
-  +-5% per trial) + first batch + warm-up batches + the window (sub-windows of whole batches, at
-  least 4 batches) + a re-entry (inline: every ``n > 0`` trial when ``N`` is known; script: with
-  persistent workers) + teardown. Pruning (``should_stop``) is honoured at every sub-window.
+* Wall time of a trial: set-up + first batch + warm-up batches + the window (sub-windows of whole
+  batches, at least 4 batches) + a re-entry (inline: every ``n > 0`` trial when ``N`` is known;
+  script: with persistent workers) + teardown. Pruning (``should_stop``) is honoured at every
+  sub-window. Set-up and teardown: inline 0.05 s and ``0.02 + 0.005*n`` (the workers stop). A
+  script runs its trials in *launches* (``loadertune.trials.script``): a launch's first trial pays
+  a process start of 2..5 s per workload (+-5% per trial) and each later one ``SWAP_S`` (the
+  search's round trip, the next setting's loader built); a launch ends after a failed trial (the
+  group killed: 0.1 s), when the script has given all its samples (``epochs x N``, epochs drawn in
+  1..30; 1e4..1e6 samples when ``N`` is unknown; each trial consumes its first, warm-up and
+  window batches), and after every trial for the 20% of workloads whose loader cannot change
+  setting mid-epoch (an IterableDataset: one setting per process, as before).
 * Modes: both search the same workloads and batch-size candidates. ``inline`` is ``tune_loader``
   (the baseline is given, the runner knows the epoch length and CUDA); ``script`` is
   ``tune_script`` (baseline=None: the first trial reports the script's own loader, and with it the
-  epoch length and CUDA), with the process start in every trial.
+  epoch length and CUDA), with a process start per launch.
 
 Truth: the best noiseless epoch rate over every batch size offered x ``n`` in 0..256 (above any cap
 of the driver: the user's speed does not care about our caps) x prefetch 1/2/4/8 x pin (GPU) x
@@ -97,13 +104,15 @@ from loadertune.measure.meter import Measurement, WindowSpec
 from loadertune.measure.resources import ResourceUsage
 from loadertune.search import Search, SearchOutcome, SearchSettings
 from loadertune.search.space import DEFAULT_PREFETCH_FACTORS, MAX_WORKERS_HARD
-from loadertune.trials.runner import Limits, ShouldStop, TrialResult
+from loadertune.trials.runner import BaseRunner, Limits, ShouldStop, TrialResult
 
 MODES = ("inline", "script")
 CPU_CHOICES = (1, 2, 4, 8, 16, 32)
 STARTUP_PER_WORKER = 0.05  # each extra worker adds 5% of s0 to the start-up
 PIN_COPY_S_PER_BYTE = 1 / 8e9  # the pin thread's memcpy into page-locked memory
 OUTLIER_P, OUTLIER_FACTOR = 0.03, 0.5
+SWAP_S = 0.05  # a script's next setting in the same launch: the round trip, its loader built
+KILL_S = 0.1  # a script's launch killed (its process group)
 MEMORY_FRACTION = SearchSettings().memory_budget_fraction
 # The product's rule: a batch the GPU-memory model puts above (1 - margin) of the GPU's memory is
 # never tried, so the best it can recommend leaves that margin free; the truth does too.
@@ -149,6 +158,8 @@ class Workload:
     process_start_s: float
     batch_sizes: tuple[int, ...]
     baseline: Config
+    hot_swap: bool = True  # the script's loader can change setting mid-epoch
+    script_samples: float = math.inf  # samples the script gives before it ends
 
     @property
     def offered(self) -> tuple[int, ...]:
@@ -237,7 +248,13 @@ def draw_workload(seed: int, index: int) -> Workload:
             else (Config(b.batch_size, 0, None, b.pin_memory))
         )
         w = dataclasses.replace(w, baseline=fewer)
-    return w
+    extra = np.random.default_rng([seed, index, 1])  # apart: the draws above stay as they were
+    epochs = _log_uniform(extra, 1, 30)
+    return dataclasses.replace(
+        w,
+        script_samples=epochs * (w.epoch_samples or _log_uniform(extra, 1e4, 1e6)),
+        hot_swap=bool(extra.random() >= 0.2),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -464,14 +481,15 @@ class TraceLine:
     result: TrialResult
 
 
-class SimRunner:
+class SimRunner(BaseRunner):
     """A :class:`~loadertune.trials.TrialRunner` that answers from the model and moves the
-    clock."""
+    clock (``run_many`` is the base class's: one ``run`` after the other)."""
 
     user_error = UserCodeError
 
     def __init__(self, w: Workload, mode: str, clock: FakeClock, rng: np.random.Generator) -> None:
         self.w, self.mode, self.clock, self.rng = w, mode, clock, rng
+        self.launch_left = 0.0  # samples the script's live launch can still give (0: none)
         self.in_process = mode == "inline"
         self.uses_cuda = w.gpu if mode == "inline" else False  # a script's is learnt
         self.epoch_samples = w.epoch_samples if mode == "inline" else None
@@ -496,6 +514,8 @@ class SimRunner:
         config = config or self.w.baseline
         result, wall = self._trial(config, window, limits, phase, should_stop)
         result.wall_s = wall
+        if result.failure is not None or not self.w.hot_swap:
+            self.launch_left = 0.0  # the launch was killed, or runs one setting only
         self.clock.sleep(wall)
         if self.mode == "script":  # what the script child reports of its loader
             result.extra["loader"] = {"settings": config.loader_kwargs()}
@@ -524,8 +544,15 @@ class SimRunner:
         w, bs, n = self.w, c.batch_size, c.num_workers
         replay = phase == "replay"
         result = TrialResult(c, phase=phase, epoch_samples=w.epoch_samples)
-        setup = w.process_start_s * self._noise(0.05) if self.mode == "script" else 0.05
-        teardown = 0.1 if self.mode == "script" else 0.02 + 0.005 * n
+        setup, teardown = 0.05, 0.02 + 0.005 * n  # in process: the workers stop
+        if self.mode == "script":
+            if self.launch_left <= 0:  # a fresh launch
+                setup, self.launch_left = w.process_start_s, w.script_samples
+            else:
+                setup = SWAP_S
+            setup *= self._noise(0.05)
+            if not w.hot_swap:
+                teardown = KILL_S
         load_batch = bs * (w.cpu_s + w.io_s + w.collate_s)
         first = load_batch if n == 0 else startup(w, n) + bs * float(worker_time(w, n))
         first *= self._noise(0.1)
@@ -566,6 +593,7 @@ class SimRunner:
             warmup_batches = min(warmup_batches, window.settled_after)
         warmup = warmup_batches * period
         subs, elapsed, batches, full = self._window(rate, period, window, should_stop, result)
+        self.launch_left -= (1 + window.warmup_batches + batches) * bs  # what the script gave
         measured = statistics.fmean(subs)
         reentry = 0.0
         if not replay and n and w.epoch_samples and (self.mode == "inline" or c.persistent_workers):
@@ -655,11 +683,18 @@ class SimRunner:
             worker_pss_bytes=int(per_worker) if n else None,
         )
 
-    @staticmethod
     def _failed(
-        result: TrialResult, failure: Failure | None, at: float, limits: Limits, teardown: float
+        self,
+        result: TrialResult,
+        failure: Failure | None,
+        at: float,
+        limits: Limits,
+        teardown: float,
     ) -> tuple[TrialResult, float]:
-        """``failure`` at ``at`` seconds into the trial, unless the trial's limit came first."""
+        """``failure`` at ``at`` seconds into the trial, unless the trial's limit came first (a
+        script's launch is killed: its group goes)."""
+        if self.mode == "script":
+            teardown = KILL_S
         if failure is None or at > limits.timeout_s:
             text = f"the trial ran past its limit of {limits.timeout_s:.0f} s"
             failure, at = Failure("timeout", text, "a slower setting or a hang"), limits.timeout_s

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 
 import pytest
@@ -11,7 +11,7 @@ from loadertune.config import Config
 from loadertune.measure.failures import Failure
 from loadertune.measure.meter import Measurement
 from loadertune.search import confirm as confirm_mod
-from loadertune.search.confirm import Confirmation, confirm, interleaved
+from loadertune.search.confirm import Confirmation, RunInTurn, confirm, interleaved
 from loadertune.trials import TrialResult
 
 A, B, C = Config(64), Config(64, 2), Config(64, 4, 4)
@@ -205,17 +205,31 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
 
 def _runner(
     clock: _Clock, rates: dict[Config, list[float | None]], wall: float = 10.0
-) -> tuple[Callable[[Config], TrialResult], list[Config]]:
-    """A fake ``run``: each call takes ``wall`` seconds of the fake clock and is recorded."""
+) -> tuple[RunInTurn, list[Config]]:
+    """A fake ``run_in_turn``: each trial takes ``wall`` seconds of the fake clock and is
+    recorded."""
     ran: list[Config] = []
 
-    def run(config: Config) -> TrialResult:
-        rate = rates[config][sum(c == config for c in ran)]
-        ran.append(config)
-        clock.now += wall
-        return _result(config, rate)
+    def run_in_turn(configs: Sequence[Config], on_result: Callable[[TrialResult], bool]) -> None:
+        for config in configs:
+            rate = rates[config][sum(c == config for c in ran)]
+            ran.append(config)
+            clock.now += wall
+            if not on_result(_result(config, rate)):
+                return
 
-    return run, ran
+    return run_in_turn, ran
+
+
+def in_turn(run: Callable[[Config], TrialResult]) -> RunInTurn:
+    """``run_in_turn`` from a function measuring one setting."""
+
+    def run_in_turn(configs: Sequence[Config], on_result: Callable[[TrialResult], bool]) -> None:
+        for config in configs:
+            if not on_result(run(config)):
+                return
+
+    return run_in_turn
 
 
 def test_confirm_runs_interleaved_rounds(clock: _Clock) -> None:
@@ -280,7 +294,7 @@ def test_confirm_records_failures_and_ignores_pruned_rates(clock: _Clock) -> Non
             return _result(A, None)
         return _result(config, 300.0, pruned=len(ran) == 1)
 
-    outcome = confirm(run, [B], A, rounds=2, deadline=1000.0, trial_wall_s=1.0)
+    outcome = confirm(in_turn(run), [B], A, rounds=2, deadline=1000.0, trial_wall_s=1.0)
     assert ran == [B, A, A, B]
     assert outcome.values == {B: [300.0], A: []}  # the pruned round does not count
     assert len(outcome.results[A]) == 2
@@ -300,6 +314,6 @@ def test_confirm_uses_epoch_rates(clock: _Clock) -> None:
         result.measurement.first_batch_s = 1.0 if config.num_workers else 0.0
         return result
 
-    outcome = confirm(run, [B], A, rounds=1, deadline=1000.0, trial_wall_s=1.0)
+    outcome = confirm(in_turn(run), [B], A, rounds=1, deadline=1000.0, trial_wall_s=1.0)
     assert outcome.values[A] == [1000.0]
     assert outcome.values[B] == [pytest.approx(500.0)]  # 1000 samples in 1 s + 1 s start-up

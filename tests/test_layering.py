@@ -30,9 +30,10 @@ RANKS = {
     "loadertune.api": 9,
     "loadertune.saved": 9,
     "loadertune.doctor": 9,
-    "loadertune.cli": 10,
-    "loadertune": 11,  # the package's __init__: the public face
-    "loadertune.__main__": 12,
+    "loadertune.tuning": 10,  # runs searches (api) and saved settings (saved)
+    "loadertune.cli": 11,
+    "loadertune": 12,  # the package's __init__: the public face
+    "loadertune.__main__": 13,
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import get_args, get_type_hints
@@ -99,7 +100,7 @@ def test_every_message_the_trial_process_sends_has_a_handler() -> None:
     kinds = {get_args(get_type_hints(msg)["t"])[0] for msg in get_args(Message)}
     runner = ScriptRunner(SCRIPTS / "short.py")
     try:
-        assert set(runner._handlers) == kinds - {"stop"}  # "stop" goes the other way
+        assert set(runner._handlers) == kinds - {"stop", "release", "run"}  # the other way
     finally:
         runner.close()
 
@@ -133,3 +134,53 @@ def test_a_batch_size_over_the_data_is_a_failed_setting_not_a_bug() -> None:
     assert result.failure is not None and not result.failure.user_bug
     assert "drop_last=True with 10 samples < batch_size 16" in result.failure.message
     assert run("no_batches.py", Config(4, 0)).ok
+
+
+# -- many settings in one process (loadertune.trials.hotswap) ------------------------------------
+
+SWAPPED = [Config(32, 2, 2), Config(8), Config(16, 1, 2, persistent_workers=True), Config(64, 3, 1)]
+
+
+def test_many_settings_run_in_one_process_and_each_epoch_holds_every_sample_once(
+    tmp_path: Path,
+) -> None:
+    """counts.py records what its loop receives per epoch; the settings change batch size and
+    workers under it, in one process."""
+    out = tmp_path / "counts.jsonl"
+    runner = ScriptRunner(SCRIPTS / "counts.py", [str(out), "1000"])
+    limits = Limits(timeout_s=60, startup_s=30, hang_s=5)
+    try:
+        base = runner.run(None, window=window_for(Config(1), window_s=0.3), limits=limits)
+        results = [
+            runner.run(c, window=window_for(c, window_s=0.3), limits=limits) for c in SWAPPED
+        ]
+        assert runner.n_launches == 1
+    finally:
+        runner.close()
+    assert base.ok and all(r.ok for r in results), [r.failure for r in results]
+    assert [r.config for r in results] == SWAPPED
+    assert [r.epoch_samples for r in results] == [600] * 4
+    assert results[1].resources is not None and results[3].resources is not None
+    assert (results[1].resources.n_workers, results[3].resources.n_workers) == (0, 3)
+    epochs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(epochs) >= 3  # the settings' windows spanned several epochs
+    for epoch in epochs:
+        assert sorted(epoch["samples"]) == list(range(600)), epoch["epoch"]
+
+
+def test_a_worker_killed_mid_sequence_is_recorded_and_the_rest_runs_in_a_fresh_process() -> None:
+    runner = ScriptRunner(SCRIPTS / "killer.py")  # kills a worker of a 3-worker loader
+    limits = Limits(timeout_s=60, startup_s=30, hang_s=5)
+    configs = [None, Config(16, 1, 2), Config(16, 3, 2), Config(16, 2, 2), Config(16, 0)]
+    try:
+        results = []
+        for c in configs:
+            results.append(
+                runner.run(c, window=window_for(c or Config(1), window_s=0.3), limits=limits)
+            )
+        assert runner.n_launches == 2
+    finally:
+        runner.close()
+    assert [r.error for r in results] == [None, None, "worker_killed", None, None]
+    assert all(r.ok for i, r in enumerate(results) if i != 2)
+    assert results[2].failure is not None and "killed" in results[2].failure.message

@@ -19,12 +19,14 @@ from loadertune.measure.resources import ResourceUsage
 from loadertune.search import Search, SearchSettings, dominated
 from loadertune.search import driver as driver_module
 from loadertune.trials import Limits, ShouldStop, TrialResult
+from loadertune.trials.runner import BaseRunner
 
 
-class FakeRunner:
+class FakeRunner(BaseRunner):
     """A workload whose rate is ``rate(config)``; failures from ``fail(config)``.
 
     Each trial sleeps ``cost_s`` so the search's clock moves; sub-window rates are flat.
+    ``run_many`` is the base class's: one ``run`` after the other.
     """
 
     in_process = True

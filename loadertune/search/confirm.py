@@ -103,8 +103,12 @@ class Confirmation:
         return best / base if best else None
 
 
+# Measures the settings in turn, calling back with each result; stops when the callback says so.
+RunInTurn = Callable[[Sequence[Config], Callable[[TrialResult], bool]], object]
+
+
 def confirm(
-    run: Callable[[Config], TrialResult],
+    run_in_turn: RunInTurn,
     finalists: Sequence[Config],
     baseline: Config,
     *,
@@ -115,22 +119,29 @@ def confirm(
     prior: Mapping[Config, Sequence[float]] | None = None,
 ) -> Confirmation:
     """Measure ``finalists`` and ``baseline`` in ``rounds`` interleaved rounds (fewer if the
-    deadline, a ``time.monotonic()`` value, comes first). ``run`` measures one setting.
-    ``measure_first``: the first finalist is measured even past the deadline. ``prior``: rates
-    measured earlier in this run (the exploration's), pooled with the rounds: more samples per
-    setting, so one unlucky round decides less."""
+    deadline, a ``time.monotonic()`` value, comes first). ``run_in_turn`` measures the rounds'
+    settings in one go (a script's runner keeps one process for all of them), and stops when a
+    trial would end past the deadline. ``measure_first``: the first finalist is measured even
+    past the deadline. ``prior``: rates measured earlier in this run (the exploration's), pooled
+    with the rounds: more samples per setting, so one unlucky round decides less."""
     configs = list(dict.fromkeys([*finalists, baseline]))
     outcome = Confirmation(baseline=baseline)
     for config in configs:
         if prior and prior.get(config):
             outcome.values[config] = list(prior[config])
-    for i, config in enumerate(interleaved(configs, rounds)):
-        if (i > 0 or not measure_first) and time.monotonic() + trial_wall_s > deadline:
-            break
-        result = run(config)
+
+    def fits() -> bool:
+        return time.monotonic() + trial_wall_s <= deadline
+
+    def record(result: TrialResult) -> bool:
+        config = result.config
         outcome.results.setdefault(config, []).append(result)
         value = result.epoch_samples_per_s
         outcome.values.setdefault(config, [])
         if value is not None and not result.pruned:
             outcome.values[config].append(value)
+        return fits()
+
+    if measure_first or fits():
+        run_in_turn(interleaved(configs, rounds), record)
     return outcome

@@ -1,11 +1,21 @@
-"""The search driver: probe, seed, explore, confirm. See :mod:`loadertune.search`."""
+"""The search driver: probe, seed, explore, confirm. See :mod:`loadertune.search`.
+
+Measurements are asked for in batches where the next few settings are known together (the
+probe's trials after the baseline, the confirmation's interleaved rounds): the runner measures a
+batch in turn (:meth:`~loadertune.trials.TrialRunner.run_many`), a script's runner in one
+process, and the driver hears each result as it comes. The exploration asks for one setting at
+a time: a script's runner keeps its process between calls anyway (one start-up for them all),
+and TPE proposes best from every result so far; asking several before telling would propose
+each without the others' results (``constant_liar`` only spreads them apart), and a climb the
+agenda plans from one result would wait for the whole batch.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from loadertune.config import Config
 from loadertune.errors import LoadertuneError, UserCodeError
@@ -22,7 +32,7 @@ from loadertune.search.settings import SearchSettings, default_storage
 from loadertune.search.space import SearchSpace
 from loadertune.search.stop import loader_keeps_up
 from loadertune.search.study import Previous, StudyLog, quiet_optuna
-from loadertune.trials import Limits, TrialResult, TrialRunner, window_for
+from loadertune.trials import Limits, TrialRequest, TrialResult, TrialRunner, window_for
 
 REPLAY_LOAD_S = 1.0  # the replay's batch may take this long to load
 
@@ -93,10 +103,7 @@ class Search:
         best settings' rates: one lucky measurement must not prune everything after it."""
         return index >= 1 and running < self.settings.prune_ratio * self.ledger.robust_best()
 
-    def _measure(self, config: Config | None, phase: str, *, prunable: bool = False) -> TrialResult:
-        """Run one trial (``config=None``: the workload's own settings) and learn from it."""
-        if self.observer:
-            self.observer.trial_started(config, phase)
+    def _request(self, config: Config | None, phase: str, prunable: bool) -> TrialRequest:
         # In-process loading has no buffer to drain: one batch of warm-up after the first.
         in_process = config is not None and config.num_workers == 0
         window = window_for(
@@ -104,24 +111,44 @@ class Search:
             window_s=self.settings.trial_window_s,
             min_warmup=1 if in_process else 2,
         )
-        result = self.runner.run(
-            config,
-            window=window,
-            limits=self._limits(),
-            phase=phase,
-            should_stop=self._prune_rule if prunable else None,
-        )
-        self.ledger.add(result)
+        return TrialRequest(window, self._limits(), phase, self._prune_rule if prunable else None)
+
+    def _measure(self, config: Config | None, phase: str, *, prunable: bool = False) -> TrialResult:
+        """Run one trial (``config=None``: the workload's own settings) and learn from it."""
+        return self._measure_many([(config, phase)], prunable=prunable)[0]
+
+    def _measure_many(
+        self,
+        planned: Sequence[tuple[Config | None, str]],
+        *,
+        prunable: bool = False,
+        go_on: Callable[[TrialResult], bool] | None = None,
+    ) -> list[TrialResult]:
+        """Run ``planned`` trials (setting, phase) in turn, learning from each as it comes;
+        ``go_on(result)`` False stops the batch there. The limits are those known now."""
+        requests = [(c, self._request(c, phase, prunable)) for c, phase in planned]
         if self.observer:
-            self.observer.trial_finished(result, self.ledger.best)
-        if result.failure is not None and result.failure.user_bug:
-            raise self.runner.user_error(
-                result.failure.message,
-                kind=result.failure.kind,
-                detail=result.failure.detail,
-                advice=result.failure.advice,
-            )
-        return result
+            self.observer.trial_started(*planned[0])
+
+        def learn(result: TrialResult) -> bool:
+            self.ledger.add(result)
+            if self.observer:
+                self.observer.trial_finished(result, self.ledger.best)
+            if result.failure is not None and result.failure.user_bug:
+                raise self.runner.user_error(
+                    result.failure.message,
+                    kind=result.failure.kind,
+                    detail=result.failure.detail,
+                    advice=result.failure.advice,
+                )
+            more = go_on(result) if go_on is not None else True
+            n = len(self.ledger.trials) - n_before
+            if more and n < len(planned) and self.observer:
+                self.observer.trial_started(*planned[n])
+            return more
+
+        n_before = len(self.ledger.trials)
+        return self.runner.run_many(requests, learn)
 
     # -- phases ----------------------------------------------------------------------------------
 
@@ -152,23 +179,22 @@ class Search:
             if not self._fits():
                 return base, None, None
             w0 = self._measure(Config(bs), "probe")
-        w1 = None
         cap = self.settings.max_workers
         # One worker tells a worker's memory and hand-over cost; a baseline with workers told
         # both already, and a tight budget keeps its trials for the exploration.
-        if (
+        with_w1 = (
             (cap is None or cap >= 1)
             and self.baseline.num_workers == 0
             and self._fits(2 + plan.MIN_EXPLORED)
-        ):
-            w1 = self._measure(Config(bs, 1, 2, False, False), "probe")
-        replay = (
-            self._measure(Config(self._replay_batch(w0)), "replay")
-            if w0.ok and self._fits()
-            else None
         )
-        if w1 is None and self.baseline.num_workers:
-            w1 = base
+        planned = [(Config(bs, 1, 2, False, False), "probe")] if with_w1 else []
+        if w0.ok and self.runner.replays and self._fits(len(planned) + 1):
+            planned.append((Config(self._replay_batch(w0)), "replay"))
+        ran = self._measure_many(planned) if planned else []
+        w1 = next(
+            (r for r in ran if r.phase == "probe"), base if self.baseline.num_workers else None
+        )
+        replay = next((r for r in ran if r.phase == "replay"), None)
         return w0, (w1 if w1 is not None and w1.ok else None), replay
 
     def _replay_batch(self, w0: TrialResult) -> int:
@@ -298,13 +324,17 @@ class Search:
         if rounds < 1 and not unmeasured:
             return None
 
-        def run(config: Config) -> TrialResult:
-            result = self._measure(config, "confirm")
-            log.record(space, result)
-            return result
+        def run_in_turn(
+            configs: Sequence[Config], on_result: Callable[[TrialResult], bool]
+        ) -> None:
+            def recorded(result: TrialResult) -> bool:
+                log.record(space, result)
+                return on_result(result)
+
+            self._measure_many([(c, "confirm") for c in configs], go_on=recorded)
 
         return confirm(
-            run,
+            run_in_turn,
             finalists,
             self.baseline,
             rounds=max(1, rounds),

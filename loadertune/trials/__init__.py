@@ -8,6 +8,13 @@ they are chosen, since they pull in torch's DataLoader machinery. A setting trav
 :mod:`loadertune.trials.patch`).
 """
 
-from loadertune.trials.runner import Limits, ShouldStop, TrialResult, TrialRunner, window_for
+from loadertune.trials.runner import (
+    Limits,
+    ShouldStop,
+    TrialRequest,
+    TrialResult,
+    TrialRunner,
+    window_for,
+)
 
-__all__ = ["Limits", "ShouldStop", "TrialResult", "TrialRunner", "window_for"]
+__all__ = ["Limits", "ShouldStop", "TrialRequest", "TrialResult", "TrialRunner", "window_for"]

@@ -22,6 +22,9 @@ Each name, what it is used for, and what happens if it changes:
   handler before wrapping it. If gone: deaths are found by torch's 5 s status check instead.
 - ``DataLoader._iterator``: a persistent-workers loader's live iterator, to shut it down. If
   gone: persistent workers of a failed trial linger until GC.
+- ``DataLoader._get_iterator``, ``._index_sampler`` and ``._auto_collation``: how a loader makes
+  its iterator; a subclass overriding one is not hot-swapped (:mod:`loadertune.trials.hotswap`).
+  If gone: every loader is taken for such a subclass, and gets a fresh process per setting.
 - ``multiprocessing.Process._popen.returncode``: tell multiprocessing about workers we reaped.
   If gone: two fds and a Process object leak per killed worker.
 """
@@ -49,6 +52,9 @@ REQUIRED: tuple[tuple[object, str], ...] = (
     (_MultiProcessingDataLoaderIter, "_shutdown_workers"),
     (_signal_handling, "_set_SIGCHLD_handler"),
 )
+# How a DataLoader makes its iterator (a subclass overriding one of them is not hot-swapped).
+ITERATOR_HOOKS = ("_get_iterator", "_index_sampler", "_auto_collation")
+REQUIRED += tuple((DataLoader, name) for name in ITERATOR_HOOKS)
 # Set on instances in __init__ (not visible on the class): checked on a live iterator.
 INSTANCE_ATTRIBUTES = ("_index_queues", "_worker_result_queue", "_workers", "_shutdown")
 
@@ -133,20 +139,21 @@ _WAITING = {
 _LIBRARIES = (sysconfig.get_paths()["stdlib"], os.path.dirname(torch.__file__))
 
 
-def raising_is_safe(frame: Any) -> bool:
+def raising_is_safe(frame: Any, *, only_while_waiting: bool = False) -> bool:
     """Whether an exception raised by a signal handler in ``frame`` (the innermost Python frame
     it interrupted) leaves nothing half done: outside the standard library and torch, or where
     torch waits for a batch. Elsewhere inside them it can leak what they were opening (torch's
     open-files probe leaves a temporary file open) or leave a queue half set up (a feeder thread
-    interrupted while starting is never told to stop)."""
+    interrupted while starting is never told to stop). ``only_while_waiting``: only where torch
+    waits for a batch (a real training run: its own code must never see the error)."""
     if frame is None:
-        return True
+        return not only_while_waiting
     caller = frame
     while caller is not None and _place(caller) in _WAITING:
         caller = caller.f_back
     if caller is not frame:  # a wait: torch's wait for a batch, or one inside other work
         return caller is not None and caller.f_code.co_name == "_try_get_data"
-    return not frame.f_code.co_filename.startswith(_LIBRARIES)
+    return not only_while_waiting and not frame.f_code.co_filename.startswith(_LIBRARIES)
 
 
 def _place(frame: Any) -> tuple[str, str]:
@@ -163,9 +170,11 @@ class _DeferredDeaths:
         *,
         delay_s: float = 0.005,
         send: Callable[[], object] | None = None,
+        only_while_waiting: bool = False,
     ) -> None:
         self._handler = handler
         self._delay_s = delay_s
+        self._only_while_waiting = only_while_waiting
         main = threading.main_thread().ident
         assert main is not None
         # To the main thread itself: a process-wide signal sent from the timer's thread goes to
@@ -186,7 +195,7 @@ class _DeferredDeaths:
             self._pending = exc
         if self._pending is None:
             return
-        if raising_is_safe(frame):
+        if raising_is_safe(frame, only_while_waiting=self._only_while_waiting):
             pending, self._pending = self._pending, None
             raise pending
         if self._timer is None or not self._timer.is_alive():
@@ -205,7 +214,7 @@ class _DeferredDeaths:
 
 
 @contextlib.contextmanager
-def worker_deaths_deferred() -> Iterator[None]:
+def worker_deaths_deferred(*, only_while_waiting: bool = False) -> Iterator[None]:
     """Within this block, a dead worker is reported (raised by DataLoader's SIGCHLD handler)
     only where raising leaves nothing half done; see :func:`raising_is_safe`. Main thread only."""
     if threading.current_thread() is not threading.main_thread():
@@ -218,13 +227,25 @@ def worker_deaths_deferred() -> Iterator[None]:
     if not callable(handler):
         yield
         return
-    deferred = _DeferredDeaths(handler)
+    global _deferred
+    deferred = _deferred = _DeferredDeaths(handler, only_while_waiting=only_while_waiting)
     signal.signal(signal.SIGCHLD, deferred)
     try:
         yield
     finally:
         deferred.close()
+        _deferred = None
         signal.signal(signal.SIGCHLD, handler)
+
+
+_deferred: _DeferredDeaths | None = None
+
+
+def forget_deaths() -> None:
+    """A failed loader has been taken down: a report of its dead worker that is still kept
+    (raised elsewhere first, by torch's own check) must not fail the next loader."""
+    if _deferred is not None:
+        _deferred._pending = None
 
 
 def contained(fn: Callable[[], Any]) -> BaseException | None:

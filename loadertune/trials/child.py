@@ -8,8 +8,10 @@ inherited file descriptor.
 The script gets ``sys.argv``, ``__name__ == "__main__"``, its own directory first on ``sys.path``
 and the caller's working directory. :mod:`loadertune.trials.patch` applies the trial's settings
 to the target loader when the script creates it and meters the script's own loop over it. When the
-window is full, the result goes to the parent, which snapshots the process tree and kills the
-group: the script is not run to completion.
+window is full, the result goes to the parent. A loader that can change setting mid-epoch
+(:mod:`loadertune.trials.hotswap`) then measures the next setting the parent sends, in this same
+process (:mod:`loadertune.trials.sequence`); any other loader's process waits for the parent to
+snapshot the process tree and kill the group. The script is not run to completion.
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ from loadertune.config import Config
 from loadertune.measure import failures
 from loadertune.measure.meter import Measurement, Meter
 from loadertune.trials import _torch_internals as _internals
-from loadertune.trials import lifeline, messages
+from loadertune.trials import hotswap, lifeline, messages
 from loadertune.trials import loader as dl
 from loadertune.trials.channel import Channel
 from loadertune.trials.patch import LoaderRecord, OriginalIter, matches_site, patched
 from loadertune.trials.runner import window_for
+from loadertune.trials.sequence import ChannelConductor, result_message
 
 SPEC_ENV = "LOADERTUNE_TRIAL"
 _LINGER_S = 60  # after the result, until the parent kills the group (it does long before)
@@ -84,6 +87,8 @@ class TrialController:
         self.bytes_per_sample: float | None = None
         self.transfer: dict[str, float] | None = None
         self._original: OriginalIter | None = None
+        self.swap: hotswap.HotSwap | None = None  # many settings in this process
+        self.conductor: ChannelConductor | None = None
         self._script_batch_size: dict[int, Any] = {}  # per loader, as the script built it
         self._created: list[str] = []  # call sites, in order of creation
 
@@ -115,7 +120,11 @@ class TrialController:
             or (self.spec.get("index") is None and not self.spec.get("call_site"))
         ):
             self._start(loader, record, original)
-        if record != self.target or self.meter is None:
+        if record != self.target:
+            return original(loader)
+        if self.swap is not None:
+            return self.swap.epoch()
+        if self.meter is None:
             return original(loader)
         why = dl.why_no_batches(loader)
         if why is not None:  # say so, rather than "ended before its first batch" or a
@@ -133,6 +142,7 @@ class TrialController:
         import torch
 
         dataset = type(loader.dataset)
+        one_only = self._hot_swap(loader, settings)
         self.chan.send(
             messages.LoaderMsg(
                 t="loader",
@@ -144,8 +154,11 @@ class TrialController:
                 batch_sampler=loader.batch_size is None,
                 cuda_available=torch.cuda.is_available(),
                 warnings=self._sharding_warnings(loader),
+                one_setting_only=one_only,
             )
         )
+        if self.swap is not None:
+            return
         self.meter = Meter(
             window_for(settings, window_s=self.spec["window_s"]),
             count=dl.sample_counter(loader),
@@ -154,6 +167,31 @@ class TrialController:
             measure_cpu=loader.num_workers == 0,
             on_done=self._done,
         )
+
+    def _hot_swap(self, loader: DataLoader[Any], settings: Config) -> str | None:
+        """Run this process's trials through a HotSwap when the search allows it and the loader
+        can change setting mid-epoch (and no loader is replayed first); else why not."""
+        why = hotswap.why_not(loader) if self.spec.get("hot_swap") else "one setting asked for"
+        if why is not None or dl.why_no_batches(loader) is not None:
+            return why or "the first setting yields no batch"
+        script_bs = self._script_batch_size.get(self.target.index) if self.target else None
+        self.conductor = ChannelConductor(
+            self.chan,
+            self.spec,
+            own=settings,  # the script's own: a trial without overrides comes first
+            own_batch_size=script_bs or settings.batch_size,
+            make_sink=lambda: ChannelSink(self.chan),
+        )
+        self.swap = hotswap.HotSwap(loader, self.conductor, fall_back=False)
+        return None
+
+    def active(self) -> tuple[Meter | None, Any, int]:
+        """The meter, the DataLoader iterator and the workers of the setting measured now."""
+        if self.swap is not None:
+            return self.swap.active()
+        meter = self.meter
+        workers = self.loader.num_workers if self.loader is not None else 0
+        return meter, meter.iterator if meter is not None else None, workers
 
     def _sharding_warnings(self, loader: DataLoader[Any]) -> list[str]:
         """In the baseline trial only: does an IterableDataset yield duplicates across workers?"""
@@ -198,24 +236,27 @@ class TrialController:
         os._exit(0)
 
     def _report(self, m: Measurement, *, complete: bool) -> None:
-        peak_alloc, peak_reserved = dl.cuda_peaks()
+        bytes_per_sample, epoch_samples = self.bytes_per_sample, None
+        if self.swap is not None and self.conductor is not None:
+            bytes_per_sample = self.conductor.bytes_per_sample
+            if self.conductor.step is not None:
+                epoch_samples = self.swap.epoch_samples(self.conductor.step.config)
+        elif self.loader is not None:
+            epoch_samples = dl.epoch_samples(self.loader)
         self.chan.send(
-            messages.ResultMsg(
-                t="result",
-                measurement=m.to_dict(),
+            result_message(
+                m,
                 complete=complete,
-                cuda_peak_allocated=peak_alloc,
-                cuda_peak_reserved=peak_reserved,
-                cuda_device=dl.cuda_bus_id(),
-                cuda_capacity=dl.cuda_capacity(),
-                bytes_per_sample=self.bytes_per_sample,
+                bytes_per_sample=bytes_per_sample,
                 transfer=self.transfer,
+                epoch_samples=epoch_samples,
             )
         )
 
     def script_ended(self, how: str) -> None:
         """The script finished (or exited) before the window was full."""
-        partial = self.meter.finish_now() if self.meter is not None else None
+        meter = self.active()[0]
+        partial = meter.finish_now() if meter is not None else None
         if partial is not None:
             self._report(partial, complete=False)
         self.chan.send(
@@ -227,13 +268,13 @@ class TrialController:
 
 def _report_failure(controller: TrialController, chan: Channel, exc: BaseException) -> None:
     """Send the script's exception: where it came from, its text, its traceback."""
-    meter = controller.meter
-    signals = _internals.dead_worker_signals(meter.iterator) if meter is not None else ()
+    meter, iterator, num_workers = controller.active()
+    signals = _internals.dead_worker_signals(iterator) if iterator is not None else ()
     chan.send(
         messages.FailureMsg(
             t="failure",
             where="loader" if meter is not None and meter.failed_in_next else "script",
-            num_workers=controller.loader.num_workers if controller.loader else 0,
+            num_workers=num_workers,
             text="\n".join([*map(failures.signal_text, signals), failures.chain_text(exc)]),
             traceback=failures.format_exception(exc),
         )

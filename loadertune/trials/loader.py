@@ -35,13 +35,13 @@ def quiet_worker_warning() -> Iterator[None]:
 def apply_settings(arguments: Mapping[str, Any], config: Config) -> dict[str, Any]:
     """The user's DataLoader arguments with ``config`` applied, every combination kept valid:
     a batch sampler keeps deciding the batch, and without workers the worker-only arguments
-    (``prefetch_factor``, ``persistent_workers``, ``multiprocessing_context``) go."""
+    (``prefetch_factor``, ``persistent_workers``, ``multiprocessing_context``, ``timeout``) go."""
     out = dict(arguments)
     out.update(config.loader_kwargs())
     if out.get("batch_sampler") is not None:
         out.pop("batch_size")
     if config.num_workers == 0:
-        for key in ("prefetch_factor", "multiprocessing_context"):
+        for key in ("prefetch_factor", "multiprocessing_context", "timeout"):
             out.pop(key, None)
         out["persistent_workers"] = False
     return out
@@ -256,6 +256,12 @@ def transfer_rates(batch: Any, *, repeats: int = 10) -> dict[str, float] | None:
         out[f"{name}_samples_per_s"] = samples / seconds
         out[f"{name}_gb_per_s"] = nbytes / seconds / 1e9
     return out
+
+
+def reset_cuda_peaks() -> None:
+    """Start counting peak GPU memory afresh (a new trial in the same process)."""
+    if torch.cuda.is_initialized():
+        torch.cuda.reset_peak_memory_stats()
 
 
 def cuda_peaks() -> tuple[int | None, int | None]:

@@ -10,6 +10,12 @@ script raised), :class:`NoBatchesMsg` (the loader yields no batch) or :class:`En
 script ended first, after a partial :class:`ResultMsg` if the window had opened). The search
 (:class:`loadertune.trials.script.ScriptRunner`) sends :class:`StopMsg` to prune the trial.
 
+When the loader can change setting mid-epoch (:mod:`loadertune.trials.hotswap`; the
+:class:`LoaderMsg` says whether), one process runs many trials in turn: after each complete
+:class:`ResultMsg` the search sends :class:`ReleaseMsg` (it has taken its snapshot of the
+workers, which may now stop), and :class:`RunMsg` when it wants the next setting measured; the
+script's loop waits meanwhile. Any other end leaves the process to be replaced.
+
 Both ends run the same loadertune: the search reads a message of kind ``t`` as that kind's type
 without checking each field.
 """
@@ -47,6 +53,7 @@ class LoaderMsg(TypedDict):
     batch_sampler: bool  # a batch sampler decides the batch (batch_size is None)
     cuda_available: bool
     warnings: list[str]
+    one_setting_only: str | None  # why this loader cannot change setting mid-epoch; None: it can
 
 
 class ResultMsg(TypedDict):
@@ -61,6 +68,7 @@ class ResultMsg(TypedDict):
     cuda_capacity: int | None
     bytes_per_sample: float | None
     transfer: dict[str, float] | None
+    epoch_samples: int | None  # at this trial's batch size
 
 
 class FailureMsg(TypedDict):
@@ -96,7 +104,33 @@ class StopMsg(TypedDict):
     t: Literal["stop"]
 
 
+class ReleaseMsg(TypedDict):
+    """From the search: the trial's result is recorded; its workers may stop."""
+
+    t: Literal["release"]
+
+
+class RunMsg(TypedDict):
+    """From the search: measure this setting next, in the same process."""
+
+    t: Literal["run"]
+    overrides: dict[str, Any] | None  # Config.loader_kwargs(); None: the script's own settings
+    phase: str
+    window_s: float
+    hang_s: float
+
+
 Message = (
-    EventMsg | ProgressMsg | LoaderMsg | ResultMsg | FailureMsg | NoBatchesMsg | EndedMsg | StopMsg
+    EventMsg
+    | ProgressMsg
+    | LoaderMsg
+    | ResultMsg
+    | FailureMsg
+    | NoBatchesMsg
+    | EndedMsg
+    | StopMsg
+    | ReleaseMsg
+    | RunMsg
 )
 STOP: StopMsg = {"t": "stop"}
+RELEASE: ReleaseMsg = {"t": "release"}

@@ -2,7 +2,10 @@
 
 Two runners execute trials: :class:`loadertune.trials.inline.InlineRunner` (a dataset and a step
 in this process, for ``tune_loader``) and :class:`loadertune.trials.script.ScriptRunner` (an
-unmodified training script in a fresh process group per trial). Both report to a
+unmodified training script in its own process group, many settings per process where the loader
+allows it). A runner measures one setting (``run``) or several in turn (``run_many``: the same,
+one at a time, unless a runner has something better to do with a known sequence). Both report
+to a
 :class:`~loadertune.trials.supervisor.Supervisor`, which samples
 the process tree, enforces the start-up limit, the hang limit, the trial deadline and the host
 memory budget, and forwards sub-window rates to the search for pruning. A trial never raises for a
@@ -13,7 +16,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -154,6 +157,7 @@ class TrialRunner(Protocol):
     epoch_samples: int | None  # samples per epoch at the baseline's batch size; None if unknown
     uses_cuda: bool  # pin_memory is worth searching
     in_process: bool  # trials run in this process (their memory budget sits on top of ours)
+    replays: bool  # can replay one batch through the step (phase "replay")
     bytes_per_sample: float | None  # size of one collated sample, once a trial has seen one
 
     @property
@@ -172,6 +176,14 @@ class TrialRunner(Protocol):
         """Measure ``config`` (None: the workload's own settings). ``phase="replay"`` replays one
         cached batch through the step instead of loading."""
 
+    def run_many(
+        self,
+        requests: Sequence[tuple[Config | None, TrialRequest]],
+        on_result: OnResult | None = None,
+    ) -> list[TrialResult]:
+        """Measure several settings in turn; ``on_result`` hears each result as it comes and
+        returns False to stop there. Returns the results of the trials that ran."""
+
     def close(self) -> None:
         """Release what the runner holds (nothing of a trial may be left by then)."""
 
@@ -186,12 +198,16 @@ class TrialRequest:
     should_stop: ShouldStop | None = None
 
 
+OnResult = Callable[[TrialResult], bool]  # one trial's result -> go on with the next?
+
+
 class BaseRunner:
     """What both runners do around a trial: time the whole of it (start-up and teardown
     included) and pass on what they know of a sample's size. A runner implements
     :meth:`_trial`; see :class:`TrialRunner` for the rest."""
 
     bytes_per_sample: float | None = None
+    replays = True
 
     def run(
         self,
@@ -208,6 +224,26 @@ class BaseRunner:
         result.bytes_per_sample = self.bytes_per_sample
         result.wall_s = time.perf_counter() - t0
         return result
+
+    def run_many(
+        self,
+        requests: Sequence[tuple[Config | None, TrialRequest]],
+        on_result: OnResult | None = None,
+    ) -> list[TrialResult]:
+        """See :meth:`TrialRunner.run_many`: here, one :meth:`run` after the other."""
+        results = []
+        for config, request in requests:
+            result = self.run(
+                config,
+                window=request.window,
+                limits=request.limits,
+                phase=request.phase,
+                should_stop=request.should_stop,
+            )
+            results.append(result)
+            if on_result is not None and not on_result(result):
+                break
+        return results
 
     def _trial(self, config: Config | None, request: TrialRequest) -> TrialResult:
         raise NotImplementedError

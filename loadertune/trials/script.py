@@ -1,12 +1,25 @@
-"""Run trials of an unmodified training script, each in a fresh process group.
+"""Run trials of an unmodified training script, many in one process where the loader allows it.
 
-Each trial starts ``python -m loadertune.trials.child`` in a new session (so it and every
-DataLoader worker it starts share one process group, away from the terminal's Ctrl-C), tells it
-the setting over a :class:`~loadertune.trials.channel.Channel`, and supervises it from here:
-resource sampling, deadlines, the memory budget and pruning run in this process. However the
-trial ends, its whole group is killed and checked for survivors before ``run`` returns. The
-script's output
-goes to a log file; its tail is kept when the trial fails.
+A *launch* starts ``python -m loadertune.trials.child`` in a new session (so it and every
+DataLoader worker it starts share one process group, away from the terminal's Ctrl-C) and tells
+it the setting over a :class:`~loadertune.trials.channel.Channel`; each trial is supervised from
+here: resource sampling, deadlines, the memory budget and pruning run in this process.
+
+When the loader can change setting mid-epoch (:mod:`loadertune.trials.hotswap`), a launch stays
+up after a trial that ended well (measured, or pruned): the next ``run`` sends its setting to the
+same process, whose script goes on from the batch it had reached, and pays no start-up again. A
+launch is replaced only when it must be:
+
+- the trial failed: a killed worker, a hang, an out-of-memory error, the memory budget or the
+  trial's deadline may have poisoned the process (torch's allocator fragmented, a worker's
+  shared memory left behind, a thread stuck), and the process was killed for most of them;
+- the script ended (it has no more epochs to give); a setting that had not received a single
+  batch then is run again in a fresh launch;
+- the loader cannot change setting mid-epoch (the :class:`~loadertune.trials.messages.LoaderMsg`
+  says why): one setting per process, as it is built.
+
+However a launch ends, its whole group is killed and checked for survivors. The script's output
+goes to a log file per launch; its tail is kept when a trial fails.
 """
 
 from __future__ import annotations
@@ -97,14 +110,49 @@ def _tail(path: Path) -> str:
 
 
 @dataclass
-class _Trial:
-    """One running trial: its process, its channel, its supervisor, its result and its log."""
+class _Launch:
+    """One trial process: its process, its channel, its log, and what it said of its loader."""
 
     proc: subprocess.Popen[bytes]
     chan: Channel
+    log: Path
+    loader: messages.LoaderMsg | None = None  # what it said of its loader
+    n_trials: int = 0  # trials started in it
+
+    @property
+    def swaps(self) -> bool:
+        """It runs further trials (it said its loader can change setting mid-epoch)."""
+        return self.loader is not None and self.loader.get("one_setting_only") is None
+
+    def close(self) -> int:
+        """End it: kill the group; how many were still alive."""
+        self.chan.close()
+        left = kill_group(self.proc.pid)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        return left
+
+
+@dataclass
+class _Trial:
+    """One running trial: its launch, its supervisor, its result."""
+
+    launch: _Launch
     sup: Supervisor
     result: TrialResult
-    log: Path
+    reusable: bool = False  # ended well: its launch may run the next trial
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        return self.launch.proc
+
+    @property
+    def chan(self) -> Channel:
+        return self.launch.chan
+
+    @property
+    def log(self) -> Path:
+        return self.launch.log
 
 
 class ScriptRunner(BaseRunner):
@@ -148,6 +196,8 @@ class ScriptRunner(BaseRunner):
         self.bytes_per_sample: float | None = None
         self.loader_info: dict[str, Any] | None = None
         self._logdir = tempfile.TemporaryDirectory(prefix="loadertune-")
+        self._launch: _Launch | None = None
+        self.n_launches = 0
         self._handlers: dict[str, Callable[[Any, _Trial], bool]] = {
             "event": self._on_event,
             "progress": self._on_progress,
@@ -163,17 +213,56 @@ class ScriptRunner(BaseRunner):
         finds the loader to tune when no ``loader=`` was given."""
         if config is not None and self.loader_info is None and not self.selector:
             raise RuntimeError("run the baseline (config=None) first: it finds the loader to tune")
+        launch = self._launch
+        if launch is not None and launch.proc.poll() is not None:
+            self._end_launch()
+            launch = None
+        fresh = launch is None
+        spec = self._trial_spec(config, request)
+        if launch is None:
+            launch = self._launch = self._start(spec)
+        else:
+            launch.chan.send({"t": "run", **spec})  # a messages.RunMsg
+        launch.n_trials += 1
+        result = TrialResult(config or Config(1), phase=request.phase)
+        sup = Supervisor(launch.proc.pid, limits=request.limits, should_stop=request.should_stop)
+        trial = _Trial(launch, sup, result)
+        if launch.loader is not None:
+            self._on_loader(launch.loader, trial)  # said once per launch
+        try:
+            with sup:
+                self._supervise(trial)
+        finally:
+            if not (trial.reusable and launch.swaps):
+                result.orphans_killed = self._end_launch()
+        if result.failure is not None:
+            if not fresh and result.failure.kind == FailureKind.SCRIPT_ENDED:
+                # The script ran out of epochs before this setting had a batch: not its fault.
+                return self._trial(config, request)
+            result.failure = sup.explain(result.failure, output=_tail(launch.log))
+            result.resources = result.resources or sup.usage_so_far()
+        return result
+
+    def _trial_spec(self, config: Config | None, request: TrialRequest) -> dict[str, Any]:
+        return {
+            "overrides": config.loader_kwargs() if config else None,
+            "phase": request.phase,
+            "window_s": request.window.window_s,
+            "hang_s": request.limits.hang_s,
+        }
+
+    def _start(self, trial: dict[str, Any]) -> _Launch:
+        """A fresh trial process, given its first trial."""
         chan, theirs = Channel.pair()
-        log = Path(self._logdir.name) / "trial.log"
+        self.n_launches += 1
+        log = Path(self._logdir.name) / f"launch-{self.n_launches}.log"
         spec = {
             "script": self.script,
             "args": self.args,
             "fd": theirs.fileno(),
             "parent_pid": os.getpid(),
-            "phase": request.phase,
-            "window_s": request.window.window_s,
-            "hang_s": request.limits.hang_s,
-            "overrides": config.loader_kwargs() if config else None,
+            "hot_swap": True,
+            **trial,
             **((self.loader_info and {"index": self.loader_info["index"]}) or self.selector),
         }
         env = {**os.environ, SPEC_ENV: json.dumps(spec)}
@@ -188,20 +277,12 @@ class ScriptRunner(BaseRunner):
                 start_new_session=True,
             )
         theirs.close()
-        result = TrialResult(config or Config(1), phase=request.phase)
-        sup = Supervisor(proc.pid, limits=request.limits, should_stop=request.should_stop)
-        try:
-            with sup:
-                self._supervise(_Trial(proc, chan, sup, result, log))
-        finally:
-            chan.close()
-            result.orphans_killed = kill_group(proc.pid)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=5)
-        if result.failure is not None:
-            result.failure = sup.explain(result.failure, output=_tail(log))
-            result.resources = result.resources or sup.usage_so_far()
-        return result
+        return _Launch(proc, chan, log)
+
+    def _end_launch(self) -> int:
+        """Kill the launch (if any); how many of its processes were still alive."""
+        launch, self._launch = self._launch, None
+        return launch.close() if launch is not None else 0
 
     def _supervise(self, trial: _Trial) -> None:
         while True:
@@ -257,6 +338,7 @@ class ScriptRunner(BaseRunner):
 
     def _on_loader(self, msg: messages.LoaderMsg, trial: _Trial) -> bool:
         result = trial.result
+        trial.launch.loader = msg
         result.extra["loader"] = msg
         if self.loader_info is None:
             self.loader_info = dict(msg)
@@ -278,7 +360,11 @@ class ScriptRunner(BaseRunner):
         result.cuda_device = msg["cuda_device"]
         result.cuda_capacity_bytes = msg["cuda_capacity"]
         result.transfer = msg["transfer"]
+        result.epoch_samples = msg.get("epoch_samples") or result.epoch_samples
         self.bytes_per_sample = msg["bytes_per_sample"] or self.bytes_per_sample
+        if msg["complete"] and trial.launch.swaps:
+            trial.reusable = True
+            trial.chan.send(messages.RELEASE)  # snapshot taken: the setting's workers may stop
         return msg["complete"]  # a partial result is followed by "ended"
 
     def _on_failure(self, msg: messages.FailureMsg, trial: _Trial) -> bool:
@@ -358,4 +444,5 @@ class ScriptRunner(BaseRunner):
         )
 
     def close(self) -> None:
+        self._end_launch()
         self._logdir.cleanup()

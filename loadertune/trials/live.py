@@ -1,0 +1,232 @@
+"""Trials inside the real training run: the search's settings, measured on the live loop.
+
+The search runs in a thread of the training process (:mod:`loadertune.tuning` starts it) and
+talks to a :class:`LiveRunner` like to any runner. Each trial it asks for is handed to the
+training loop's :class:`~loadertune.trials.hotswap.HotSwap` by :class:`LiveConductor`, on the
+main thread, the next time the loop asks for a batch; the loop never stops: between trials, and
+while the search decides, the last setting that worked goes on (unmeasured). Every batch is a
+real training batch, handed over once per epoch (see :mod:`loadertune.trials.hotswap`): there is
+no replay here (:attr:`LiveRunner.replays` is False), which would feed the model one batch again
+and again.
+
+The same safety as the search, without ever losing the run: a setting whose loader fails (a
+killed worker, a hung one, which the loader's ``timeout`` turns into an error) is recorded as a
+failed trial, its workers are shut down and the last good setting takes over at the batch the
+loop had reached; a setting past the memory budget is stopped at its next sub-window and treated
+the same way. While the tuning runs, a dead worker is reported only where the loop waits for a
+batch (never inside the training step). When the search is done, the winner runs to the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from loadertune.config import Config
+from loadertune.errors import ScriptError
+from loadertune.measure import failures
+from loadertune.measure.failures import Failure, FailureKind
+from loadertune.trials import _torch_internals as _internals
+from loadertune.trials import loader as dl
+from loadertune.trials.hotswap import HotSwap, Outcome, Step
+from loadertune.trials.runner import BaseRunner, TrialRequest, TrialResult, window_for
+from loadertune.trials.supervisor import Supervisor
+
+
+class RunEnded(KeyboardInterrupt):
+    """Raised in the search's thread when the training run ends (or is interrupted) before the
+    search: the search stops as it does on Ctrl-C, its study keeps what it measured, and the
+    best setting so far can be saved, marked partial."""
+
+
+@dataclass
+class _Slot:
+    """One trial between the two threads: asked for by the search, run by the loop."""
+
+    config: Config | None
+    request: TrialRequest
+    result: TrialResult | None = None
+    sup: Supervisor | None = None
+    abort: Failure | None = None  # set by the search's thread: stop at the next sub-window
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class _Sink:
+    """The meter's sink for a live trial: the supervisor's, stopping the window on an abort."""
+
+    def __init__(self, sup: Supervisor, slot: _Slot) -> None:
+        self._sup, self._slot = sup, slot
+
+    def event(self, name: str) -> None:
+        self._sup.event(name)
+
+    def progress(self, index: int, samples_per_s: float) -> bool:
+        return self._slot.abort is None and self._sup.progress(index, samples_per_s)
+
+
+class LiveConductor:
+    """The training loop's side: hands the search's trials to the HotSwap (main thread)."""
+
+    def __init__(self, runner: LiveRunner) -> None:
+        self.runner = runner
+        self.swap: HotSwap | None = None
+        self._slot: _Slot | None = None
+        self._final: Config | None = None  # the winner, once the search is done
+        self._first = True
+        self._deaths = contextlib.ExitStack()
+
+    def attach(self, swap: HotSwap) -> None:
+        self.swap = swap
+        self.runner.loader_ready(swap)
+
+    def next_step(self) -> Step | None:
+        if self._first:  # the loop waits for the search's first trial (its baseline) once
+            self._first = False
+            self._deaths.enter_context(_internals.worker_deaths_deferred(only_while_waiting=True))
+            slot = self.runner.take(wait_s=60.0)
+        else:
+            slot = self.runner.take(wait_s=0.0)
+        if slot is None:
+            return self._winner()
+        self._slot = slot
+        assert self.swap is not None
+        config = slot.config or self.runner.own
+        dl.reset_cuda_peaks()
+        sup = slot.sup = Supervisor(
+            self.runner.root_pid, limits=slot.request.limits, should_stop=slot.request.should_stop
+        )
+        sup.__enter__()
+        window = window_for(config, window_s=slot.request.window.window_s)
+        return Step(
+            config,
+            window,
+            phase=slot.request.phase,
+            sink=_Sink(sup, slot),
+            hang_s=slot.request.limits.hang_s,
+        )
+
+    def _winner(self) -> Step | None:
+        """Once the search is done: the winner, if it is not the setting running already."""
+        final = self.runner.winner
+        if final is None or final == self._final:
+            return None
+        self._final = final
+        self._deaths.close()  # from now on, a failure is the run's own, as without loadertune
+        current = self.swap.current if self.swap is not None else None
+        if current is not None and current.step.config == final and current.meter is None:
+            return None
+        return Step(final)
+
+    def finished(self, outcome: Outcome) -> bool:
+        slot, self._slot = self._slot, None
+        if slot is None:
+            return True
+        config = outcome.step.config
+        result = TrialResult(config, phase=slot.request.phase, epoch_samples=outcome.epoch_samples)
+        sup = slot.sup
+        assert sup is not None
+        if outcome.measurement is not None:
+            result.measurement = outcome.measurement
+            result.resources = sup.window_ended()
+            result.pruned = sup.pruned
+            result.failure = slot.abort
+        elif outcome.no_batches is not None:
+            result.failure = Failure(
+                FailureKind.NO_BATCHES,
+                f"the loader yielded no batches: {outcome.no_batches}",
+                "this batch size is larger than the data",
+            )
+        elif outcome.error is not None:
+            result.failure = failures.classify_exception(
+                outcome.error,
+                where="loader",
+                worker_signals=outcome.worker_signals,
+                num_workers=config.num_workers,
+            )
+        sup.__exit__(None, None, None)
+        result.cuda_peak_allocated_bytes, result.cuda_peak_reserved_bytes = dl.cuda_peaks()
+        result.cuda_capacity_bytes = dl.cuda_capacity()
+        result.cuda_device = dl.cuda_bus_id()
+        result.extra["loader"] = self.runner.loader_info
+        slot.result = result
+        slot.done.set()
+        return result.failure is None  # a failed setting gives way to the last good one
+
+    def close(self) -> None:
+        """The loop is done (main thread): restore what the tuning changed."""
+        self._deaths.close()
+
+
+class LiveRunner(BaseRunner):
+    """The search's side (its own thread): each ``run`` waits for the training loop to measure
+    the setting. See the module docstring.
+
+    Args:
+        loader_info: what a script's loader says of itself (index, call site...), for the
+            recommendation's workload; filled in when the loop first iterates the loader.
+    """
+
+    in_process = True  # its memory budget sits on top of the training's own
+    replays = False  # one batch fed again and again is no training batch
+    user_error = ScriptError
+
+    def __init__(self) -> None:
+        self.uses_cuda = torch.cuda.is_available()
+        self.epoch_samples: int | None = None
+        self.bytes_per_sample: float | None = None
+        self.loader_info: dict[str, Any] = {}
+        self.own = Config(1)  # the loader's settings when the loop first iterated it
+        self.winner: Config | None = None  # set when the search is done
+        self.root_pid = os.getpid()
+        self._slots: queue.Queue[_Slot] = queue.Queue()
+        self._ended = threading.Event()
+
+    # -- the training loop's side (main thread) ----------------------------------------------------
+
+    def loader_ready(self, swap: HotSwap) -> None:
+        loader: DataLoader[Any] = swap.loader
+        self.own = dl.settings_of(loader)
+        self.epoch_samples = swap.epoch_samples(self.own)
+        dataset = type(loader.dataset)
+        self.loader_info.update(
+            settings=self.own.loader_kwargs(),
+            epoch_samples=self.epoch_samples,
+            dataset=f"{dataset.__module__}.{dataset.__qualname__}",
+            batch_sampler=loader.batch_size is None,
+        )
+
+    def take(self, wait_s: float) -> _Slot | None:
+        """The next trial the search asks for (waiting up to ``wait_s``), or None."""
+        try:
+            return self._slots.get(timeout=wait_s) if wait_s > 0 else self._slots.get_nowait()
+        except queue.Empty:
+            return None
+
+    def end(self) -> None:
+        """The training run is over (or interrupted): the search stops."""
+        self._ended.set()
+
+    def close(self) -> None:
+        """Nothing to release: the workers belong to the loop's HotSwap."""
+
+    # -- the search's side -------------------------------------------------------------------------
+
+    def _trial(self, config: Config | None, request: TrialRequest) -> TrialResult:
+        slot = _Slot(config, request)
+        self._slots.put(slot)
+        while not slot.done.wait(0.1):
+            if self._ended.is_set():
+                raise RunEnded("the training run ended before the tuning")
+            sup = slot.sup
+            hit = sup.sampler.budget_hit if sup is not None else None
+            if hit is not None and slot.abort is None and request.limits.memory_budget_bytes:
+                slot.abort = failures.memory_budget(hit, request.limits.memory_budget_bytes)
+        assert slot.result is not None
+        return slot.result

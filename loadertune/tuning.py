@@ -1,0 +1,327 @@
+"""Tuning inside the real training run: ``loadertune run --tune`` and :func:`tuned`.
+
+The training starts with the saved settings (``loadertune run --tune``) or its own, and its first
+``budget_s`` seconds double as the search: the same search as ``loadertune search`` (baseline,
+probe, exploration, interleaved confirmation; no replay), in a thread of the training process,
+each setting measured on the training loop itself (:mod:`loadertune.trials.live`). The batch size
+stays the loop's own unless ``batch_sizes`` allows others (a batch size changes the
+optimisation: scale the learning rate with it). Then the winner runs to the end of the training
+and is saved to the recommendation file under this machine's key, where ``loadertune run`` and
+:func:`~loadertune.load_recommendation` find it. Every batch is a real training batch, each
+sample handed over once per epoch (see :mod:`loadertune.trials.hotswap` for how, and what
+differs from an untuned run); a failing setting gives way to the last good one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from loadertune import api, hardware, saved
+from loadertune.config import Config, normalize_batch_sizes
+from loadertune.errors import ConfigError, LoadertuneError, SearchInterrupted
+from loadertune.report import trial_line
+from loadertune.search import SearchSettings
+from loadertune.trials import TrialResult
+
+if TYPE_CHECKING:  # torch's DataLoader machinery is imported when a tuning starts
+    from torch.utils.data import DataLoader
+
+    from loadertune.trials.hotswap import HotSwap
+    from loadertune.trials.patch import Apply, ApplyEach, LoaderRecord, OriginalIter
+
+Report = Callable[[str], None]
+
+
+class _Lines:
+    """The search's observer during a training run: one line per trial (the training prints
+    too, so no live view)."""
+
+    def __init__(self, report: Report) -> None:
+        self.report = report
+
+    def search_started(self, deadline: float, budget_s: float) -> None:
+        self.report(f"loadertune: tuning the DataLoader on this run for up to {budget_s:.0f} s")
+
+    def phase(self, name: str) -> None:
+        pass
+
+    def trial_started(self, config: Config | None, phase: str) -> None:
+        pass
+
+    def trial_finished(self, result: TrialResult, best: TrialResult | None) -> None:
+        self.report(f"loadertune: {trial_line(result)}")
+
+
+class Tuner:
+    """One tuning of one loader during a training run. See the module docstring.
+
+    Args:
+        settings: the search's budget and policy (its ``budget_s`` is the tuning's).
+        batch_sizes: other batch sizes the search may pick (empty: the loop's own only).
+        out: the recommendation file the winner is saved to.
+        workload: what is tuned (the recommendation's workload; the loader's facts are added).
+        report: where lines go.
+    """
+
+    def __init__(
+        self,
+        *,
+        settings: SearchSettings,
+        batch_sizes: Sequence[int] = (),
+        out: str | os.PathLike[str] = "loadertune.json",
+        workload: dict[str, Any],
+        report: Report = print,
+    ) -> None:
+        self.settings = settings
+        self.batch_sizes = tuple(batch_sizes)
+        self.out = out
+        self.workload = workload
+        self.report = report
+        from loadertune.trials.live import LiveConductor, LiveRunner
+
+        self.runner = LiveRunner()
+        self.conductor = LiveConductor(self.runner)
+        self.swap: HotSwap | None = None
+        self.untuned = False  # the loader cannot change setting mid-epoch: left as it is
+        self.saved_to: str | None = None
+        self._thread: threading.Thread | None = None
+
+    def epoch(self, loader: DataLoader[Any], original: OriginalIter | None = None) -> Iterator[Any]:
+        """What iterating ``loader`` returns: the first call starts the tuning."""
+        from loadertune.trials.hotswap import HotSwap, why_not
+
+        if self.swap is None and not self.untuned:
+            why = why_not(loader)
+            if why is not None:
+                self.untuned = True
+                self.report(f"loadertune: not tuning this DataLoader during the run: {why}")
+            else:
+                self.swap = HotSwap(loader, self.conductor, fall_back=True)
+                self.conductor.attach(self.swap)
+                self._thread = threading.Thread(
+                    target=self._search, name="loadertune-tuner", daemon=True
+                )
+                self._thread.start()
+        if self.swap is None:
+            return original(loader) if original is not None else iter(loader)
+        return self.swap.epoch()
+
+    def _search(self) -> None:
+        """The search, in its own thread; the winner goes to the loop and to the file."""
+        workload = {**self.workload, **self._found()}
+        try:
+            rec = api.run_search(
+                self.runner,
+                baseline=None,
+                batch_sizes=self.batch_sizes,
+                settings=self.settings,
+                observer=_Lines(self.report),
+                hw=hardware.detect(),
+                workload=workload,
+            )
+        except SearchInterrupted as exc:  # the run ended first
+            exc.workload = workload
+            self._save_partial(exc)
+        except LoadertuneError as exc:
+            self.report(f"loadertune: the tuning stopped: {exc}; the run goes on as it is")
+        else:
+            self.runner.winner = Config.from_kwargs(
+                rec.loader_kwargs, batch_size=self.runner.own.batch_size
+            )
+            rec.workload.update(self._found())
+            try:
+                self.saved_to = str(rec.save(self.out))
+            except LoadertuneError as exc:
+                self.report(f"loadertune: could not save the winner: {exc}")
+            speedup = f", {rec.speedup:.2f}x per epoch" if rec.speedup else ""
+            self.report(
+                f"loadertune: tuned in {rec.search.get('elapsed_s', 0):.0f} s "
+                f"({len(rec.trials)} trials): {self.runner.winner.label()}{speedup}"
+                f"{'; saved to ' + self.saved_to if self.saved_to else ''}; "
+                "the run goes on with it"
+            )
+
+    def _found(self) -> dict[str, Any]:
+        info = self.runner.loader_info
+        return {k: info.get(k) for k in ("loader_index", "call_site", "dataset", "epoch_samples")}
+
+    def _save_partial(self, exc: SearchInterrupted) -> None:
+        try:
+            self.saved_to = saved.save_partial(self.out, exc)
+        except LoadertuneError as err:
+            self.report(f"loadertune: the run ended before the tuning; {err}")
+            return
+        kept = f"; the best so far saved to {self.saved_to}, marked partial"
+        self.report(f"loadertune: the run ended before the tuning{kept if self.saved_to else ''}")
+
+    def finish(self, timeout_s: float = 60.0) -> None:
+        """The run is over (main thread): stop the search if it still runs (the best so far is
+        saved, marked partial), and shut the last setting's workers down."""
+        self.runner.end()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        self.conductor.close()
+        if self.swap is not None:
+            self.swap.close()
+
+
+class TunedLoader:
+    """A DataLoader that tunes itself during the first part of the run (see :func:`tuned`).
+
+    Iterate it as the loader itself; other attributes are the loader's.
+    """
+
+    def __init__(self, loader: DataLoader[Any], tuner: Tuner) -> None:
+        self.loader = loader
+        self.tuner = tuner
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.tuner.epoch(self.loader)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)
+
+    def close(self) -> None:
+        """End the tuning now if it still runs, and shut the workers down."""
+        self.tuner.finish()
+
+    def __enter__(self) -> TunedLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def tuned(
+    loader: DataLoader[Any],
+    *,
+    budget_s: float = 60.0,
+    batch_size: int | Sequence[int] | None = None,
+    out: str | os.PathLike[str] = "loadertune.json",
+    settings: SearchSettings | None = None,
+    report: Report = print,
+) -> TunedLoader:
+    """``loader``, tuned during the first ``budget_s`` seconds of the loop that iterates it.
+
+    Args:
+        loader: the training loader, as you built it.
+        budget_s: seconds of the run spent trying settings (every batch still trains).
+        batch_size: other batch sizes the search may pick (None: keep the loader's own).
+        out: where the winner is saved (this machine's entry for this dataset).
+        settings: the search's policy (its ``budget_s`` is replaced by ``budget_s``).
+        report: where progress lines go.
+
+    Example:
+        >>> with tuned(DataLoader(dataset, batch_size=64, shuffle=True), budget_s=60) as loader:
+        ...     for epoch in range(10):
+        ...         for batch in loader:
+        ...             train_step(batch)
+    """
+    if not budget_s > 0:
+        raise ConfigError(f"budget_s must be > 0 seconds, but got {budget_s=}.")
+    kind = type(loader.dataset)
+    sizes = () if batch_size is None else normalize_batch_sizes(batch_size)
+    study = f"tuned-{kind.__name__}-{hashlib.sha1(repr(sizes).encode()).hexdigest()[:8]}"
+    tuner = Tuner(
+        settings=_settings(settings, budget_s, study),
+        batch_sizes=sizes,
+        out=out,
+        workload={"kind": "dataset", "dataset": f"{kind.__module__}.{kind.__qualname__}"},
+        report=report,
+    )
+    return TunedLoader(loader, tuner)
+
+
+def _settings(settings: SearchSettings | None, budget_s: float, study: str) -> SearchSettings:
+    base = settings or SearchSettings()
+    return api.resolved_settings(
+        dataclasses.replace(base, budget_s=budget_s, resume=False),
+        hardware.detect(),
+        study_name=study,
+    )
+
+
+class _TuneScript:
+    """The patch controller of ``loadertune run --tune``: the saved settings (if any) applied
+    where the script creates its loaders, and the target loader tuned when first iterated."""
+
+    def __init__(self, tuner: Tuner, apply: Apply | ApplyEach | None, index: int | None) -> None:
+        self.tuner, self.apply, self.index = tuner, apply, index
+        self.target: LoaderRecord | None = None
+
+    def on_create(self, record: LoaderRecord, arguments: dict[str, Any]) -> dict[str, Any]:
+        return self.apply.on_create(record, arguments) if self.apply is not None else arguments
+
+    def on_iter(
+        self, loader: DataLoader[Any], record: LoaderRecord, original: OriginalIter
+    ) -> Iterator[Any]:
+        if self.target is None and (self.index is None or record.index == self.index):
+            self.target = record
+            self.tuner.runner.loader_info.update(
+                loader_index=record.index, call_site=record.call_site
+            )
+        if record != self.target:
+            return original(loader)
+        return self.tuner.epoch(loader, original)
+
+
+def run_script_tuned(
+    script: str | os.PathLike[str],
+    args: Sequence[str] = (),
+    *,
+    path: str | os.PathLike[str] = "loadertune.json",
+    budget_s: float = 60.0,
+    batch_size: int | Sequence[int] | None = None,
+    loader: int | None = None,
+    report: Report = print,
+) -> int:
+    """Run a training script for real, tuning its DataLoader during the first ``budget_s``
+    seconds (what ``loadertune run --tune`` does); the winner is saved to ``path``.
+
+    The run starts with this machine's saved settings for the script, if ``path`` has them, else
+    with the script's own. ``loader``: which DataLoader (order of creation; default: the saved
+    entry's, else the first the script iterates). Returns the script's exit status; the script's
+    own exceptions propagate.
+    """
+    from loadertune.trials.child import run_as_main
+    from loadertune.trials.patch import Apply, patched
+    from loadertune.trials.script import check_script
+
+    check_script(script)
+    if not budget_s > 0:
+        raise ConfigError(f"budget_s must be > 0 seconds, but got {budget_s=}.")
+    apply: Apply | ApplyEach | None = None
+    try:
+        apply = saved.apply_saved(script, path, report)
+    except LoadertuneError as exc:
+        report(f"loadertune: starting with the script's own settings: {exc}")
+    if loader is None and isinstance(apply, Apply):
+        loader = apply.index
+    sizes = () if batch_size is None else normalize_batch_sizes(batch_size)
+    ident = hashlib.sha1(
+        f"{os.path.abspath(script)}|{list(args)}|{loader}|{list(sizes)}".encode()
+    ).hexdigest()[:10]
+    tuner = Tuner(
+        settings=_settings(None, budget_s, f"run-{os.path.basename(str(script))}-{ident}"),
+        batch_sizes=sizes,
+        out=path,
+        workload={"kind": "script", "script": str(script), "args": list(args)},
+        report=report,
+    )
+    try:
+        with patched(_TuneScript(tuner, apply, loader)):
+            run_as_main(str(script), list(args))
+    except SystemExit as exc:
+        code = exc.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    finally:
+        tuner.finish()
+    return 0

@@ -1,0 +1,156 @@
+"""HotSwap in this process: real multi-worker loaders change setting under a loop that checks
+every epoch holds each sample exactly once."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, SequentialSampler
+
+from loadertune.config import Config
+from loadertune.measure.meter import WindowSpec
+from loadertune.trials.hotswap import HotSwap, Outcome, Step, why_not
+
+pytestmark = pytest.mark.slow
+
+
+class Indices(Dataset):
+    def __init__(self, n: int = 500) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(0.0002)
+        return torch.tensor([i])
+
+
+class Listed:
+    """A conductor that runs ``configs`` in turn, then keeps the last good one."""
+
+    def __init__(self, configs: list[Config], window_s: float = 0.15) -> None:
+        self.configs = list(configs)
+        self.window_s = window_s
+        self.outcomes: list[Outcome] = []
+
+    def next_step(self) -> Step | None:
+        if not self.configs:
+            return None
+        c = self.configs.pop(0)
+        return Step(c, WindowSpec(warmup_batches=c.in_flight_batches + 1, window_s=self.window_s))
+
+    def finished(self, outcome: Outcome) -> bool:
+        self.outcomes.append(outcome)
+        return True
+
+
+def epochs_through(swap: HotSwap, conductor: Listed) -> list[list[int]]:
+    """Epochs until every setting has run, and one more."""
+    seen = []
+    while len(seen) < 30 and (conductor.configs or len(seen) < 2 or swap.current.meter):
+        seen.append([i for batch in swap.epoch() for i in batch.flatten().tolist()])
+    seen.append([i for batch in swap.epoch() for i in batch.flatten().tolist()])
+    swap.close()
+    return seen
+
+
+SEQUENCE = [
+    Config(16),
+    Config(16, 2, 2),
+    Config(32, 1, 2, persistent_workers=True),
+    Config(8, 3, 1),
+    Config(16, 2, 4, persistent_workers=True),
+    Config(64),
+]
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_each_epoch_holds_every_sample_once_across_setting_changes(drop_last: bool) -> None:
+    loader = DataLoader(Indices(), batch_size=16, shuffle=True, drop_last=drop_last)
+    conductor = Listed(SEQUENCE)
+    epochs = epochs_through(HotSwap(loader, conductor, fall_back=False), conductor)
+    assert [o.step.config for o in conductor.outcomes] == SEQUENCE  # every setting was measured
+    assert all(o.measurement is not None and o.measurement.n_samples for o in conductor.outcomes)
+    for seen in epochs:
+        assert len(seen) == len(set(seen))  # nothing twice
+        if not drop_last:
+            assert sorted(seen) == list(range(500))  # nothing lost
+        else:  # only the tail of the setting in use at the epoch's end, less than its batch
+            assert 500 - len(seen) < max(c.batch_size for c in SEQUENCE)
+
+
+def test_at_the_same_batch_size_the_batches_are_those_of_one_loader() -> None:
+    """Swaps at one batch size hand over exactly the batches one loader makes, in its order:
+    the epoch's order is taken from the sampler as iterating would (same RNG draws)."""
+    torch.manual_seed(7)
+    plain = [b.flatten().tolist() for b in DataLoader(Indices(), batch_size=16, shuffle=True)]
+    torch.manual_seed(7)
+    loader = DataLoader(Indices(), batch_size=16, shuffle=True)
+    configs = [Config(16), Config(16, 2, 2), Config(16, 1, 1)]
+    swap = HotSwap(loader, Listed(configs), fall_back=False)
+    swapped = [b.flatten().tolist() for b in swap.epoch()]
+    swap.close()
+    assert swapped == plain
+
+
+def test_a_custom_batch_sampler_keeps_its_batches() -> None:
+    class Pairs(BatchSampler):
+        pass  # a subclass: its batches are taken as they come
+
+    sampler = Pairs(SequentialSampler(range(300)), batch_size=7, drop_last=False)
+    loader = DataLoader(Indices(300), batch_sampler=sampler)
+    conductor = Listed([Config(7), Config(7, 2, 2), Config(7, 1, 2)], window_s=0.1)
+    swap = HotSwap(loader, conductor, fall_back=False)
+    batches = [b.flatten().tolist() for _ in range(2) for b in swap.epoch()]
+    swap.close()
+    assert batches == [list(b) for _ in range(2) for b in sampler]
+
+
+class Fragile(Indices):
+    """A worker of a loader with 3 workers is killed (SIGKILL), as the OOM killer does."""
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        info = torch.utils.data.get_worker_info()
+        if info is not None and info.num_workers == 3 and i % 50 == 3:
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().__getitem__(i)
+
+
+def test_a_failing_setting_falls_back_to_the_last_good_one_without_losing_a_sample() -> None:
+    loader = DataLoader(Fragile(), batch_size=16, shuffle=True)
+    conductor = Listed([Config(16, 1, 2), Config(16, 3, 2), Config(16, 2, 2)])
+    epochs = epochs_through(HotSwap(loader, conductor, fall_back=True), conductor)
+    failed = [o for o in conductor.outcomes if o.error is not None]
+    assert [o.step.config.num_workers for o in failed] == [3]
+    assert "DataLoader worker" in str(failed[0].error)
+    ok = [o.step.config for o in conductor.outcomes if o.measurement is not None]
+    assert ok == [Config(16, 1, 2), Config(16, 2, 2)]  # the sequence went on after the failure
+    for seen in epochs:
+        assert sorted(seen) == list(range(500))
+
+
+class Stream(IterableDataset):
+    def __iter__(self) -> Any:
+        return iter(range(10))
+
+
+def test_what_cannot_be_swapped_says_why() -> None:
+    assert "IterableDataset" in (why_not(DataLoader(Stream(), batch_size=2)) or "")
+    assert "automatic batching" in (why_not(DataLoader(Indices(), batch_size=None)) or "")
+    assert "in_order" in (why_not(DataLoader(Indices(), num_workers=1, in_order=False)) or "")
+
+    class OwnIterator(DataLoader):
+        def _get_iterator(self) -> Any:
+            return super()._get_iterator()
+
+    assert "_get_iterator" in (why_not(OwnIterator(Indices())) or "")
+    assert why_not(DataLoader(Indices(), batch_size=4)) is None
+    with pytest.raises(ValueError, match="IterableDataset"):
+        HotSwap(DataLoader(Stream(), batch_size=2), Listed([]), fall_back=False)

@@ -1,0 +1,141 @@
+"""Tuning inside the real training run: every batch trains, each sample once per epoch, a failing
+setting gives way to the last good one, and the winner is saved and then used."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, get_worker_info
+
+from loadertune import hardware, store, tuned
+from loadertune.config import Config
+from loadertune.errors import ConfigError
+from loadertune.search import SearchSettings
+from loadertune.trials import Limits, TrialResult, window_for
+from loadertune.trials.hotswap import HotSwap
+from loadertune.trials.live import LiveConductor, LiveRunner
+
+SCRIPTS = Path(__file__).parent / "scripts"
+pytestmark = pytest.mark.slow
+
+
+class Indices(Dataset):
+    def __init__(self, n: int = 400, kill_with_workers: int | None = None) -> None:
+        self.n, self.kill_with_workers = n, kill_with_workers
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        info = get_worker_info()
+        if info is not None and info.num_workers == self.kill_with_workers and i % 40 == 7:
+            os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer does
+        time.sleep(0.0003)
+        return torch.tensor([i])
+
+
+def whole(epoch: list[int], n: int = 400) -> bool:
+    return sorted(epoch) == list(range(n))
+
+
+def test_a_killed_worker_falls_back_to_the_last_good_setting_and_the_sequence_goes_on() -> None:
+    """The search's side runs in a thread, as in a real run; the loop never sees the failure."""
+    loader = DataLoader(Indices(kill_with_workers=3), batch_size=16, shuffle=True)
+    runner = LiveRunner()
+    conductor = LiveConductor(runner)
+    swap = HotSwap(loader, conductor, fall_back=True)
+    conductor.attach(swap)
+    limits = Limits(timeout_s=60, startup_s=30, hang_s=10)
+    results: list[TrialResult] = []
+
+    def search() -> None:
+        for config in (None, Config(16, 3, 2), Config(16, 2, 2)):
+            window = window_for(config or Config(16), window_s=0.2)
+            results.append(runner.run(config, window=window, limits=limits))
+        runner.winner = Config(16, 2, 2)
+
+    thread = threading.Thread(target=search)
+    thread.start()
+    epochs = []
+    while thread.is_alive() or len(epochs) < 2:
+        epochs.append([i for batch in swap.epoch() for i in batch.flatten().tolist()])
+    epochs.append([i for batch in swap.epoch() for i in batch.flatten().tolist()])
+    assert swap.current is not None and swap.current.step.config == Config(16, 2, 2)
+    conductor.close()
+    swap.close()
+    thread.join()
+    assert [r.error for r in results] == [None, "worker_killed", None]
+    assert results[0].config == Config(16) and results[0].extra["loader"]["epoch_samples"] == 400
+    assert all(whole(e) for e in epochs)
+
+
+def test_tuned_trains_on_every_sample_once_per_epoch_and_saves_the_winner(tmp_path: Path) -> None:
+    out = tmp_path / "rec.json"
+    lines: list[str] = []
+    settings = SearchSettings(window_s=0.2, max_workers=2, storage=f"sqlite:///{tmp_path}/s.db")
+    loader = tuned(
+        DataLoader(Indices(), batch_size=16, shuffle=True),
+        budget_s=4,
+        out=out,
+        settings=settings,
+        report=lines.append,
+    )
+    epochs = []
+    with loader:
+        assert len(loader) == 25 and loader.batch_size == 16  # the loader's own
+        t0 = time.monotonic()
+        while loader.tuner.runner.winner is None and time.monotonic() - t0 < 60:
+            epochs.append([i for batch in loader for i in batch.flatten().tolist()])
+        epochs.append([i for batch in loader for i in batch.flatten().tolist()])
+        winner = loader.tuner.runner.winner
+        assert winner is not None and winner.batch_size == 16  # the batch size is kept
+        current = loader.tuner.swap.current  # type: ignore[union-attr]
+        assert current is not None and current.step.config == winner
+    assert all(whole(e) for e in epochs)
+    assert any("tuned in" in line for line in lines), lines
+    entries = store.entries_for(out, hardware.current_key())
+    assert len(entries) == 1
+    (entry,) = entries.values()
+    assert Config.from_kwargs(entry["loader_kwargs"]) == winner
+
+
+def test_tuned_rejects_a_bad_budget() -> None:
+    with pytest.raises(ConfigError, match="budget_s must be > 0"):
+        tuned(DataLoader(Indices(), batch_size=4), budget_s=0)
+
+
+def test_run_tune_completes_every_epoch_and_the_next_run_uses_the_winner(tmp_path: Path) -> None:
+    counts, rec = tmp_path / "counts.jsonl", tmp_path / "rec.json"
+    script = [str(SCRIPTS / "counts.py"), "--", str(counts), "40"]
+    tune = ["run", "--tune", "--budget", "4", "--file", str(rec)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "loadertune", *tune, *script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "tuned in" in proc.stderr or "ended before the tuning" in proc.stderr, proc.stderr
+    epochs = [json.loads(line) for line in counts.read_text().splitlines()]
+    assert len(epochs) == 40  # the run went to its end
+    assert all(sorted(e["samples"]) == list(range(600)) for e in epochs)
+    entries = store.entries_for(rec, hardware.current_key())
+    assert len(entries) == 1
+    (entry,) = entries.values()
+    assert entry["workload"]["loader_index"] == 1
+    again = subprocess.run(
+        [sys.executable, "-m", "loadertune", "run", "--file", str(rec), *script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert again.returncode == 0 and "DataLoader #1 at" in again.stderr, again.stderr[-2000:]
