@@ -21,14 +21,16 @@ datasets' epochs, that is within a few percent of the steady rate. The machine i
 noisy: only ratios within one run are compared.
 
 How long: per workload, the tuner's 60 s; a grid of 25 settings (CPU-bound loading, one batch
-size) to about 110 (I/O waits, four batch sizes), each 1-3 s, or up to 20 s with dozens of
-workers (start-up, and the warm-up drains ``num_workers x prefetch_factor`` batches); and 5
-rounds of up to 6 settings. On the 2-CPU machine that is about 70 minutes for all ten workloads,
-of which ``io_latency_5ms`` alone takes about 15. ``--quick`` is a smoke test (15 s budget, 8
-grid settings plus the few around the best, one round of 0.5 s): about 45 s a workload; its
-figures mean nothing.
+size) to about 105 (I/O waits, or four batch sizes), each 2-4 s, or 5-10 s with dozens of
+workers (their start-up, and a warm-up that drains ``num_workers x prefetch_factor`` batches);
+and 5 rounds of up to 6 settings, about 2 minutes. Estimated from the grid sizes and per-setting
+times of ``--quick`` runs on the 2-CPU machine: 70-90 minutes for all ten workloads (more when
+a probe on the busy machine takes loading for I/O-bound and widens the worker range), of which
+``io_latency_5ms`` alone takes about 15. ``--quick`` is a smoke test (a 15 s budget, 8 grid
+settings plus a few around the best, one round of 0.5 s): about a minute a workload, 10 minutes
+for all ten; its figures mean nothing.
 
-    python scripts/bench_tuner.py                      # all workloads, about 70 minutes
+    python scripts/bench_tuner.py                      # all workloads, 70-90 minutes
     python scripts/bench_tuner.py --workloads tiny_tensors,io_latency --budget 60
     python scripts/bench_tuner.py --quick --workloads python_dicts     # does it run?
 """
@@ -211,14 +213,14 @@ def main() -> None:
     ap.add_argument(
         "--grid-max",
         type=int,
-        help="settings a grid measures before it thins the worker range (100)",
+        help="the largest space measured in full; a larger one coarse to fine (100)",
     )
     ap.add_argument("--window", type=float, help="seconds per side-by-side round (1.5)")
     ap.add_argument("--rounds", type=int, help="side-by-side rounds (5)")
     ap.add_argument(
         "--quick",
         action="store_true",
-        help="a smoke test, about 45 s a workload: "
+        help="a smoke test, about a minute a workload: "
         + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in QUICK.items())
         + " (flags given win); its figures mean nothing",
     )
