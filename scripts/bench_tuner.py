@@ -1,11 +1,16 @@
-"""Is the tuner's pick as fast as an exhaustive grid, and faster than defaults and folklore?
+"""Is the tuner's pick as fast as the best of a grid, and faster than defaults and folklore?
 
 For each workload in ``bench_workloads.py`` (each with a different optimum):
 
-1. **tuner**: ``tune_loader(dataset, batch_size=<the workload's>, step=..., budget_s=60)``; its
-   wall time is recorded.
-2. **grid**: every setting of the same space (the one the tuner searched), measured once; the
-   ground truth.
+1. **tuner**: ``tune_loader(dataset, batch_size=<the batch sizes the workload offers>,
+   baseline={"batch_size": <the user's>}, step=..., budget_s=60)``; its wall time is recorded.
+2. **grid**: the space the tuner searched (with every batch size offered, should the search
+   have left one out), each setting measured once; the ground truth. Up to ``--grid-max``
+   settings (100) the grid is exhaustive. A wider space (loading that waits on I/O gets dozens
+   to hundreds of workers; four batch sizes multiply it) is measured coarse to fine
+   (``benchlib.coarse_to_fine``): a ladder of worker counts, every prefetch factor and
+   persistence on it where they fit, then the settings around the coarse grid's best. The
+   ``grid:`` line and the JSON say which settings were measured.
 3. **side by side**: the grid's three best, the tuner's pick, PyTorch's defaults
    (``num_workers=0``) and the folklore setting (``num_workers=4, pin_memory=True``) re-measured
    in ``--rounds`` interleaved rounds (each round in a rotated order). The table reports medians
@@ -15,13 +20,25 @@ Rates are samples/s over an epoch, start-up included (what the tuner maximises);
 datasets' epochs, that is within a few percent of the steady rate. The machine is shared and
 noisy: only ratios within one run are compared.
 
-    python scripts/bench_tuner.py                      # all workloads, about 25 minutes
+How long: per workload, the tuner's 60 s; a grid of 25 settings (CPU-bound loading, one batch
+size) to about 105 (I/O waits, or four batch sizes), each 2-4 s, or 5-10 s with dozens of
+workers (their start-up, and a warm-up that drains ``num_workers x prefetch_factor`` batches);
+and 5 rounds of up to 6 settings, about 2 minutes. Estimated from the grid sizes and per-setting
+times of ``--quick`` runs on the 2-CPU machine: 70-90 minutes for all ten workloads (more when
+a probe on the busy machine takes loading for I/O-bound and widens the worker range), of which
+``io_latency_5ms`` alone takes about 15. ``--quick`` is a smoke test (a 15 s budget, 8 grid
+settings plus a few around the best, one round of 0.5 s): about a minute a workload, 10 minutes
+for all ten; its figures mean nothing.
+
+    python scripts/bench_tuner.py                      # all workloads, 70-90 minutes
     python scripts/bench_tuner.py --workloads tiny_tensors,io_latency --budget 60
+    python scripts/bench_tuner.py --quick --workloads python_dicts     # does it run?
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -31,15 +48,37 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from torch.utils.data import DataLoader
+
 from loadertune import hardware, tune_loader
 from loadertune.config import Config
+from loadertune.search import SearchSettings
+from loadertune.search.space import SearchSpace
 from loadertune.trials import Limits, window_for
 from loadertune.trials.inline import InlineRunner
+from loadertune.trials.loader import bytes_per_sample
 
 import benchlib
 from bench_workloads import WORKLOADS
 
 LIMITS = Limits(timeout_s=120, startup_s=60, hang_s=20)
+FULL = {"budget": 60.0, "grid_window": 1.0, "grid_max": 100, "window": 1.5, "rounds": 5}
+QUICK = {"budget": 15.0, "grid_window": 0.3, "grid_max": 8, "window": 0.5, "rounds": 1}
+
+
+def within_shm(space: SearchSpace, dataset: Any, fixed: dict[str, Any]) -> SearchSpace:
+    """``space`` with the tuner's bound on the bytes of batches in flight (a share of free
+    ``/dev/shm``) and a sample's bytes, which ``rec.search`` leaves out: the grid keeps to the
+    space the tuner searched."""
+    shm_free = hardware.detect().shm_free_bytes
+    if not shm_free:
+        return space
+    first = next(iter(DataLoader(dataset, batch_size=2, **fixed)))
+    return dataclasses.replace(
+        space,
+        max_in_flight_bytes=SearchSettings().shm_fraction * shm_free,
+        bytes_per_sample=bytes_per_sample(first),
+    )
 
 
 def bench(workload: Any, args: argparse.Namespace) -> dict[str, Any]:
@@ -51,7 +90,8 @@ def bench(workload: Any, args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         rec = tune_loader(
             dataset,
-            batch_size=workload.batch_size,
+            batch_size=list(workload.batch_sizes),
+            baseline={"batch_size": workload.batch_size},
             step=workload.step,
             budget_s=args.budget,
             storage=f"sqlite:///{tmp}/bench.db",
@@ -70,19 +110,32 @@ def bench(workload: Any, args: argparse.Namespace) -> dict[str, Any]:
 
     runner = InlineRunner(dataset, step=workload.step, fixed=fixed)
 
-    def measure_with(window_s: float):  # type: ignore[no-untyped-def]
+    def measure_with(window_s: float) -> benchlib.Measure:
         def measure(config: Config) -> float | None:
             window = window_for(config, window_s=window_s)
             return runner.run(config, window=window, limits=LIMITS).epoch_samples_per_s
 
         return measure
 
+    space = within_shm(benchlib.space_from(rec.search), dataset, fixed)
+    missing = sorted(set(workload.batch_sizes) - set(space.batch_sizes))
+    if missing:  # the grid spans every batch size offered, searched or not
+        print(f"note: the search's space left out batch sizes {missing}; the grid has them")
+        space = dataclasses.replace(
+            space, batch_sizes=tuple(sorted({*space.batch_sizes, *missing}))
+        )
     t0 = time.monotonic()
-    grid = benchlib.grid(measure_with(args.grid_window), benchlib.space_from(rec.search).configs())
+    result = benchlib.coarse_to_fine(
+        measure_with(args.grid_window),
+        space.configs(),
+        max_settings=args.grid_max,
+        max_refine=max(1, args.grid_max // 8),
+    )
+    grid = result.values
     grid_s = time.monotonic() - t0
     best = max(grid, key=lambda c: grid[c])
     print(
-        f"grid: {len(grid)} settings in {grid_s:.0f} s; best {best.label()} "
+        f"grid: {result.describe()} in {grid_s:.0f} s; best {best.label()} "
         f"{grid[best]:,.0f} samples/s",
         flush=True,
     )
@@ -100,7 +153,11 @@ def bench(workload: Any, args: argparse.Namespace) -> dict[str, Any]:
         "tuner_wall_s": tuner_s,
         "tuner_trials": len(rec.trials),
         "tuner_stop": rec.search["stop_reason"],
+        "batch_sizes": list(workload.batch_sizes),
         "grid_settings": len(grid),
+        "grid_space_settings": result.space_settings,
+        "grid_thinned": result.thinned,
+        "grid_refined": [c.label() for c in result.refined],
         "grid_s": grid_s,
         "bottleneck": rec.diagnosis.get("bottleneck"),
         "limiting_stage": rec.diagnosis.get("ceilings", {}).get("limiting_stage"),
@@ -151,13 +208,33 @@ def ceiling_table(results: list[dict[str, Any]]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workloads", default=",".join(w.name for w in WORKLOADS))
-    ap.add_argument("--budget", type=float, default=60.0, help="the tuner's budget_s")
-    ap.add_argument("--grid-window", type=float, default=1.0, help="seconds per grid setting")
-    ap.add_argument("--window", type=float, default=1.5, help="seconds per side-by-side round")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--budget", type=float, help="the tuner's budget_s (60)")
+    ap.add_argument("--grid-window", type=float, help="seconds per grid setting (1.0)")
+    ap.add_argument(
+        "--grid-max",
+        type=int,
+        help="the largest space measured in full; a larger one coarse to fine (100)",
+    )
+    ap.add_argument("--window", type=float, help="seconds per side-by-side round (1.5)")
+    ap.add_argument("--rounds", type=int, help="side-by-side rounds (5)")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke test, about a minute a workload: "
+        + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in QUICK.items())
+        + " (flags given win); its figures mean nothing",
+    )
     ap.add_argument("--seed", type=int, default=None)
-    ap.add_argument("--out", default="bench-results/bench_tuner.json")
+    ap.add_argument("--out", default=None, help="(bench-results/bench_tuner[-quick].json)")
     args = ap.parse_args()
+    for key, value in (QUICK if args.quick else FULL).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.out is None:
+        args.out = f"bench-results/bench_tuner{'-quick' if args.quick else ''}.json"
+    for key in ("budget", "grid_window", "window", "grid_max", "rounds"):
+        if getattr(args, key) <= 0:
+            ap.error(f"--{key.replace('_', '-')} must be positive, but got {getattr(args, key)}")
     wanted = args.workloads.split(",")
     unknown = set(wanted) - {w.name for w in WORKLOADS}
     if unknown:

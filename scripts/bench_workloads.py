@@ -1,4 +1,4 @@
-"""Five DataLoader workloads for benchmarking loadertune, each with its own optimum.
+"""Ten DataLoader workloads for benchmarking loadertune, each with its own optimum.
 
 On a small CPU-only machine (2 CPUs) the best ``num_workers`` differs from one to the next
 (measured with PyTorch's default settings; see below for why some are lower than folklore says):
@@ -15,6 +15,22 @@ workload                  what dominates                                  best n
                                                                           more no better)
 ========================  ==============================================  ====================
 
+Five more span what ``scripts/simulate.py`` draws (issue 9); their optima have not been measured
+by a full ``bench_tuner.py`` run yet, so the last column says what each is built to need:
+
+========================  ==============================================  ====================
+workload                  what dominates                                  built to need
+========================  ==============================================  ====================
+``io_latency_5ms``        5 ms of waiting per sample                      dozens of workers
+``io_latency_400us``      0.4 ms of waiting per sample                    a few past the CPUs
+``rows_batch_sizes``      in-memory rows, batch 32 of 32-256 offered:     the largest batch;
+                          a fixed step cost and per-batch fetch costs     few or no workers
+``python_dicts``          200k Python dicts, default_collate per field,   the largest batch;
+                          batch 32 of 32-256 offered                      few or no workers
+``large_samples``         2 MiB samples: copies, shared memory and the    few workers
+                          hand-over between processes
+========================  ==============================================  ====================
+
 Why workers help less than folklore says on 2 CPUs: a training step runs in the main process on
 torch's intra-op thread pool (2 threads by default), whose OpenMP threads spin-wait after each
 parallel region; even a 32x32 matrix product wakes the pool. A step issuing such work every few
@@ -27,8 +43,9 @@ worse than none: all loading leaves the main process, but the copies between pro
 contention stay.
 
 Each :class:`Workload` has ``name``, ``description``, ``make_dataset()`` (a map-style Dataset),
-``step`` (``step(batch)``, or None), ``batch_size`` (the user's) and ``loader_kwargs`` (fixed
-DataLoader arguments, e.g. ``collate_fn``), so that a benchmark can run::
+``step`` (``step(batch)``, or None), ``batch_size`` (the user's), ``batch_sizes`` (the
+candidates offered to the tuner, the user's among them) and ``loader_kwargs`` (fixed DataLoader
+arguments, e.g. ``collate_fn``), so that a benchmark can run::
 
     ds = wl.make_dataset()
     loader = DataLoader(ds, batch_size=wl.batch_size, num_workers=w, **wl.loader_kwargs)
@@ -36,7 +53,8 @@ DataLoader arguments, e.g. ``collate_fn``), so that a benchmark can run::
         if wl.step is not None:
             wl.step(batch)
 
-or ``tune_loader(ds, batch_size=wl.batch_size, step=wl.step, **wl.loader_kwargs)``.
+or ``tune_loader(ds, batch_size=list(wl.batch_sizes), baseline={"batch_size": wl.batch_size},
+step=wl.step, **wl.loader_kwargs)``.
 
 Import it with this folder on ``sys.path`` (``python scripts/bench_tuner.py`` puts it there)::
 
@@ -47,14 +65,17 @@ and ``examples/train_text.py`` (imported as the modules ``train_images`` and ``t
 ``examples/`` added to ``sys.path``, which spawned workers inherit). Generated data is written
 once, deterministically, under ``$LOADERTUNE_EXAMPLE_DATA`` (default
 ``~/.cache/loadertune-examples``); the first ``make_dataset()`` of the image workload takes
-about 25 s (6000 JPEGs, 90 MB). Every Dataset and step is a module-level class, so all of it
-pickles for workers. The steps never change global torch state (threads, seeds).
+about 25 s (6000 JPEGs, 90 MB), the large-sample workload's about 5 s (a 256 MiB ``.npy``
+file). Every Dataset and step is a module-level class, so all of it pickles for workers. The
+steps never change global torch state (threads, seeds).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -92,7 +113,10 @@ class Workload:
     """One benchmark workload: a dataset factory, a training step and the user's loader setup.
 
     ``expected_workers`` is the range of ``num_workers`` the optimum fell in on a shared 2-CPU
-    VM with torch's default threads (for reports; other machines will differ).
+    VM with torch's default threads (for reports; other machines will differ); None where no
+    full run has measured it yet.
+    ``batch_sizes`` are the candidates offered to the tuner; the user's ``batch_size`` is always
+    among them (the default: it alone).
     """
 
     name: str
@@ -101,7 +125,11 @@ class Workload:
     step: Callable[[Any], Any] | None
     batch_size: int
     loader_kwargs: dict[str, Any] = field(default_factory=dict)
-    expected_workers: tuple[int, int] = (0, 0)
+    expected_workers: tuple[int, int] | None = None
+    batch_sizes: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        self.batch_sizes = tuple(sorted(set(self.batch_sizes) | {self.batch_size}))
 
     def __repr__(self) -> str:
         return f"Workload({self.name!r})"
@@ -212,6 +240,10 @@ class LinearStep(_Step):
 
 def make_latency_dataset() -> Dataset:
     return LatencyDataset()
+
+
+make_slow_latency_dataset = functools.partial(LatencyDataset, latency_s=0.005)
+make_fast_latency_dataset = functools.partial(LatencyDataset, latency_s=0.0004)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -356,6 +388,186 @@ class MLPStep(_Step):
 
 
 # ---------------------------------------------------------------------------------------------
+# f. rows_batch_sizes: in-memory rows where the batch size, not the workers, decides
+# ---------------------------------------------------------------------------------------------
+
+
+def make_wide_rows_dataset() -> Dataset:
+    return RowsDataset(n=200_000, dim=128)
+
+
+class SmallMLPStep(_Step):
+    """A small MLP's forward + backward + Adam update: a fixed cost per call (a dozen kernels,
+    one update per parameter tensor) that dwarfs the per-sample arithmetic. On the shared
+    2-CPU machine: about 2.5 ms a call at batch 32 and 2 ms at 256 in one thread; 16-19 ms on
+    torch's default two threads (their spin-waits, beside other load)."""
+
+    def __init__(self, in_features: int = 128, hidden: int = 128, depth: int = 2) -> None:
+        super().__init__()
+        self.in_features, self.hidden, self.depth = in_features, hidden, depth
+
+    def build(self) -> tuple[nn.Module, torch.optim.Optimizer]:
+        layers: list[nn.Module] = []
+        width = self.in_features
+        for _ in range(self.depth):
+            layers += [nn.Linear(width, self.hidden), nn.ReLU()]
+            width = self.hidden
+        model = nn.Sequential(*layers, nn.Linear(width, 10))
+        return model, torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def __repr__(self) -> str:
+        return f"SmallMLPStep(hidden={self.hidden}, depth={self.depth})"
+
+
+# ---------------------------------------------------------------------------------------------
+# g. python_dicts: a large list of Python dicts, collated field by field by default_collate
+# ---------------------------------------------------------------------------------------------
+
+N_USERS, N_ITEMS, N_DENSE = 5000, 2000, 8
+
+
+class RecordsDataset(Dataset):
+    """``n`` interaction records as Python dicts (user, item, hour, rating, ``N_DENSE`` floats),
+    built deterministically from a seed; ``__getitem__`` returns the dict itself.
+
+    ``default_collate`` turns a batch into a dict of tensors, one ``torch.tensor`` call per
+    field (and per position of the ``dense`` list): a per-batch cost in Python. A list this
+    large is also what forked workers copy page by page as they touch the objects' refcounts.
+    """
+
+    def __init__(self, n: int = 200_000, seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
+        users = rng.integers(0, N_USERS, n).tolist()
+        items = rng.integers(0, N_ITEMS, n).tolist()
+        hours = rng.integers(0, 24, n).tolist()
+        dense = np.round(rng.standard_normal((n, N_DENSE)), 4).tolist()
+        self.records = [
+            {
+                "user": u,
+                "item": i,
+                "hour": h,
+                "rating": float((u * 7 + i * 3) % 5 + 1),
+                "dense": d,
+            }
+            for u, i, h, d in zip(users, items, hours, dense, strict=True)
+        ]
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.records[index]
+
+
+class RecommenderModel(nn.Module):
+    """Dot product of user and item embeddings, plus a linear term on the hour and dense
+    features: a predicted rating."""
+
+    def __init__(self, dim: int = 32) -> None:
+        super().__init__()
+        self.user = nn.Embedding(N_USERS, dim)
+        self.item = nn.Embedding(N_ITEMS, dim)
+        self.hour = nn.Embedding(24, dim)
+        self.dense = nn.Linear(N_DENSE, 1)
+
+    def forward(self, batch: dict[str, Any]) -> torch.Tensor:
+        dense = torch.stack(batch["dense"], dim=1).float()  # default_collate transposes lists
+        user = self.user(batch["user"]) + self.hour(batch["hour"])
+        return (user * self.item(batch["item"])).sum(1) + self.dense(dense).squeeze(1)
+
+
+class RecommenderStep(_Step):
+    """The recommender's MSE loss and an Adam update (dense gradients), a cost per call rather
+    than per sample: on the shared 2-CPU machine about 3.5 ms at batch 32 and at 256 in one
+    thread, 20-35 ms on torch's default two threads."""
+
+    def build(self) -> tuple[nn.Module, torch.optim.Optimizer]:
+        model = RecommenderModel()
+        return model, torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def __call__(self, batch: Any) -> float:
+        model, opt = self.state
+        loss = nn.functional.mse_loss(model(batch), batch["rating"].float())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+
+# ---------------------------------------------------------------------------------------------
+# h. large_samples: MB-sized samples memory-mapped from a file; shared memory and hand-over
+# ---------------------------------------------------------------------------------------------
+
+LARGE_SHAPE = (512, 1024)  # float32: 2 MiB a sample
+LARGE_DISTINCT = 128  # samples in the file (256 MiB); sample i reads row i % LARGE_DISTINCT
+
+
+def make_large_file(path: Path, n_distinct: int, shape: tuple[int, int]) -> Path:
+    """Write ``n_distinct`` float32 arrays of ``shape`` (row ``i`` from seed ``i``) to ``path``
+    once; an existing file of the right size is kept."""
+    nbytes = n_distinct * int(np.prod(shape)) * 4
+    if path.exists() and path.stat().st_size == nbytes:
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(n_distinct, *shape))
+    for i in range(n_distinct):
+        out[i] = np.random.default_rng(i).standard_normal(shape, dtype=np.float32)
+    out.flush()
+    del out
+    os.replace(tmp, path)
+    return path
+
+
+class LargeSampleDataset(Dataset):
+    """``n`` samples of ``LARGE_SHAPE`` float32 (2 MiB), each a copy of one row of a
+    memory-mapped ``.npy`` file (``np.load(mmap_mode="r")``, opened lazily in each process),
+    with a label.
+
+    Reading a row is a 2 MiB copy out of the page cache; collating a batch in a worker writes
+    it once more into shared memory, which the main process then maps.
+    """
+
+    def __init__(self, path: Path, n: int = 20_000) -> None:
+        self.path, self.n = path, n
+        self._rows: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        if self._rows is None:
+            self._rows = np.load(self.path, mmap_mode="r")
+        rows = self._rows
+        return torch.from_numpy(np.array(rows[index % len(rows)])), index % 10
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_rows": None}
+
+
+def make_large_dataset() -> Dataset:
+    name = f"bench-large-{LARGE_DISTINCT}x{LARGE_SHAPE[0]}x{LARGE_SHAPE[1]}.npy"
+    return LargeSampleDataset(make_large_file(cache_dir() / name, LARGE_DISTINCT, LARGE_SHAPE))
+
+
+class PooledLinearStep(_Step):
+    """Average-pool each sample's rows to one vector, then a linear classifier's SGD step: it
+    reads every byte of the batch once (memory-bound: 12-35 ms for a 32 MiB batch here)."""
+
+    def __init__(self, width: int = LARGE_SHAPE[1]) -> None:
+        super().__init__()
+        self.width = width
+
+    def build(self) -> tuple[nn.Module, torch.optim.Optimizer]:
+        model = nn.Linear(self.width, 10)
+        return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def inputs_and_labels(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, labels = batch
+        return inputs.mean(dim=1), labels
+
+
+# ---------------------------------------------------------------------------------------------
 
 WORKLOADS: list[Workload] = [
     Workload(
@@ -408,6 +620,54 @@ WORKLOADS: list[Workload] = [
         step=MLPStep(),
         batch_size=64,
         expected_workers=(2, 2),
+    ),
+    Workload(
+        name="io_latency_5ms",
+        description="As io_latency, but each sample waits 5 ms (a slow remote store): the wait "
+        "needs dozens of workers on 2 CPUs before parsing and the hand-over fill the CPUs.",
+        make_dataset=make_slow_latency_dataset,
+        step=LinearStep(dim=512),
+        batch_size=32,
+    ),
+    Workload(
+        name="io_latency_400us",
+        description="As io_latency, but each sample waits 0.4 ms (a fast local SSD or cache): "
+        "the wait is a few times the parsing, so a handful of workers past the CPU count.",
+        make_dataset=make_fast_latency_dataset,
+        step=LinearStep(dim=512),
+        batch_size=32,
+    ),
+    Workload(
+        name="rows_batch_sizes",
+        description="Rows of an in-memory 200k x 128 tensor, batch 32 with 32-256 offered, a "
+        "small MLP with Adam. Both the step (a fixed cost per call) and the fetch (the sampler "
+        "and collate per batch) get cheaper per sample with the batch: the batch size decides, "
+        "not the workers.",
+        make_dataset=make_wide_rows_dataset,
+        step=SmallMLPStep(),
+        batch_size=32,
+        batch_sizes=(32, 64, 128, 256),
+    ),
+    Workload(
+        name="python_dicts",
+        description="A list of 200k Python dicts (three ints, a float, a list of 8 floats) "
+        "collated field by field by default_collate, batch 32 with 32-256 offered; an "
+        "embedding recommender step with Adam. Per-batch Python and a fixed step cost: larger "
+        "batches are cheaper per sample.",
+        make_dataset=RecordsDataset,
+        step=RecommenderStep(),
+        batch_size=32,
+        batch_sizes=(32, 64, 128, 256),
+    ),
+    Workload(
+        name="large_samples",
+        description=f"2 MiB float32 samples ({LARGE_SHAPE[0]} x {LARGE_SHAPE[1]}), each copied "
+        f"out of a memory-mapped .npy file of {LARGE_DISTINCT} ({LARGE_DISTINCT * 2} MiB), "
+        "batch 16 (32 MiB); an average-pool + linear step reading every byte. Copies, shared "
+        "memory and the hand-over between processes dominate.",
+        make_dataset=make_large_dataset,
+        step=PooledLinearStep(),
+        batch_size=16,
     ),
 ]
 
