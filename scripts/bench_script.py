@@ -2,12 +2,14 @@
 
 1. ``loadertune search examples/train_images.py --budget 60 --json -- ARGS``: the tuner, through
    the CLI, every trial a fresh run of the unmodified script; its wall time is recorded.
-2. The grid: every setting of the space that search explored, each a script trial (a fresh
-   process, the script's own loop measured), once.
+2. The grid: every setting of the space that search explored (coarse to fine above
+   ``--grid-max`` settings: ``benchlib.coarse_to_fine``), each a script trial (the script's own
+   loop measured), once.
 3. Side by side: the grid's three best, the tuner's pick, the script's own settings and the
    folklore setting (``num_workers=4, pin_memory=True``), in interleaved rounds; medians.
 
-    python scripts/bench_script.py [--budget 60] [--rounds 5] [-- SCRIPT ARGS]
+    python scripts/bench_script.py [--budget 60] [--rounds 5] [--batch-sizes 16,32,64,128]
+        [-- SCRIPT ARGS]
 """
 
 from __future__ import annotations
@@ -38,6 +40,15 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=60.0)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--window", type=float, default=1.5)
+    ap.add_argument(
+        "--batch-sizes", default=None, help="offered to the search, e.g. 16,32,64,128 (its own)"
+    )
+    ap.add_argument(
+        "--grid-max",
+        type=int,
+        default=100,
+        help="above this many settings the grid is measured coarse to fine (benchlib)",
+    )
     ap.add_argument("--out", default="bench-results/bench_script.json")
     ap.add_argument("script_args", nargs="*", default=["--epochs", "5"])
     args = ap.parse_args()
@@ -58,6 +69,7 @@ def main() -> None:
             str(args.budget),
             "--out",
             f"{tmp}/rec.json",
+            *(["--batch-sizes", args.batch_sizes] if args.batch_sizes else []),
             "--",
             *args.script_args,
         ]
@@ -81,8 +93,11 @@ def main() -> None:
 
     space = benchlib.space_from(rec["search"])
     t0 = time.monotonic()
-    grid = benchlib.grid(measure, space.configs())
-    print(f"grid: {len(grid)} settings in {time.monotonic() - t0:.0f} s", flush=True)
+    result = benchlib.coarse_to_fine(
+        measure, space.configs(), max_settings=args.grid_max, max_refine=max(1, args.grid_max // 8)
+    )
+    grid = result.values
+    print(f"grid: {result.describe()} in {time.monotonic() - t0:.0f} s", flush=True)
     folklore = Config(own.batch_size, 4, 2, pin_memory=True)
     rows = benchlib.compare(
         measure, grid, {"tuner": pick, "script's own": own, "folklore": folklore}, args.rounds
@@ -104,6 +119,7 @@ def main() -> None:
                 "command": " ".join(sys.argv),
                 "search_wall_s": wall,
                 "grid_settings": len(grid),
+                "grid": result.describe(),
                 "rows": rows,
                 "search": rec["search"],
             },
