@@ -12,6 +12,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: never a window, never a display
 
 import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
@@ -110,14 +111,7 @@ def progress_png(data: ReportData) -> Figure:
             color="crimson",
             label="failed",
         )
-    ax.set_xlabel(data.time_axis)
-    ax.set_ylabel(RATE_LABEL)
-    ax.set_ylim(bottom=0)
-    ax.set_title("The search over time", fontsize=10)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, ax, x=data.time_axis, y=RATE_LABEL, title="The search over time")
 
 
 def versus_png(data: ReportData) -> Figure | None:
@@ -153,10 +147,21 @@ def memory_png(data: ReportData) -> Figure | None:
         group = [(t.config.num_workers, mib) for t, mib in pts if t.config.batch_size == bs]
         ax.scatter(*zip(*group, strict=True), label=f"batch {bs}")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("num_workers")
-    ax.set_ylabel("PSS, MiB (training process + workers)")
+    return _finish(
+        fig,
+        ax,
+        x="num_workers",
+        y="PSS, MiB (training process + workers)",
+        title="Memory per setting",
+    )
+
+
+def _finish(fig: Figure, ax: Axes, *, x: str, y: str, title: str) -> Figure:
+    """Labels from zero, a small title and legend, a light grid; the figure, laid out."""
+    ax.set_xlabel(x)
+    ax.set_ylabel(y)
     ax.set_ylim(bottom=0)
-    ax.set_title("Memory per setting", fontsize=10)
+    ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
