@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.text import Text
 
 from loadertune import __version__, api, hardware, saved, store
-from loadertune.config import Config
+from loadertune.config import kwargs_label
 from loadertune.errors import LoadertuneError, PartialNotSaved, SearchInterrupted
 from loadertune.report import LiveView, plain_console, print_summary
 from loadertune.search import SearchSettings
@@ -342,7 +342,7 @@ def _show_entry(console: Console, workload: str, entry: Any) -> None:
     console.print(Text.assemble(f"  {workload}", partial), soft_wrap=True)
     kwargs = entry["loader_kwargs"]
     rate = entry.get("samples_per_s")
-    label = Config.from_kwargs(kwargs, batch_size=1).label() if kwargs else "-"
+    label = kwargs_label(kwargs) if kwargs else "-"
     speed = f"{rate:,.0f} samples/s" if rate else "-"
     speedup = entry.get("speedup")
     console.print(

@@ -10,7 +10,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from loadertune import hardware, store
-from loadertune.config import Config
 from loadertune.errors import (
     NoRecommendationError,
     RecommendationFileError,
@@ -18,7 +17,7 @@ from loadertune.errors import (
 )
 
 if TYPE_CHECKING:
-    from loadertune.trials.patch import Apply, ApplyEach
+    from loadertune.trials.apply import ApplySaved
 
 
 def load_recommendation(
@@ -56,10 +55,10 @@ def load_recommendation(
 
 def _apply_saved(
     script: str | os.PathLike[str], path: str | os.PathLike[str], report: Callable[[str], None]
-) -> Apply | ApplyEach:
-    """The controller applying this machine's entries for ``script``: one loader's (by its
-    order of creation), or several loaders' (each by its call site)."""
-    from loadertune.trials.patch import Apply, ApplyEach
+) -> ApplySaved:
+    """The controller applying this machine's entries for ``script``, each to the loader it was
+    measured on (its key, call site and dataset)."""
+    from loadertune.trials.apply import ApplySaved, SavedEntry
 
     workloads = store.entries_for(path, hardware.current_key())
     mine = store.of_script(workloads, script, file=path)
@@ -72,23 +71,13 @@ def _apply_saved(
             f"workloads only: {'; '.join(sorted(workloads))}. "
             f"Run `loadertune search {script}` to add one."
         )
-    each = []
+    entries = []
     for wkey, entry in sorted(mine.items()):
         problem = store.entry_problem(entry)
         if problem is not None:
             raise RecommendationFileError(f"{path}: the entry for {wkey} {problem}.")
-        workload = entry.get("workload")
-        workload = workload if isinstance(workload, dict) else {}
-        each.append(
-            Apply(
-                # Without "batch_size" in the entry, the script's batch sampler decides.
-                Config.from_kwargs(entry["loader_kwargs"], batch_size=1),
-                index=int(workload.get("loader_index") or 1),
-                expected_site=workload.get("call_site"),
-                report=report,
-            )
-        )
-    return each[0] if len(each) == 1 else ApplyEach(each)
+        entries.append(SavedEntry.from_entry(wkey, entry))
+    return ApplySaved(entries, report=report)
 
 
 def run_script(
@@ -98,16 +87,17 @@ def run_script(
     path: str | os.PathLike[str] = "loadertune.json",
     report: Callable[[str], None] = print,
 ) -> int:
-    """Run a training script for real with this machine's saved settings for it applied to its
-    loader (or loaders, when several were tuned).
+    """Run a training script for real with this machine's saved settings for it applied to the
+    loaders they were measured on.
 
     Prints (through ``report``) what was applied, or why nothing was: an entry for another
-    workload only (another script) is never applied. Returns the script's exit status; the
-    script's own exceptions propagate.
+    workload only (another script) is never applied, nor an entry to a loader that is not the
+    one it was measured on (another call site, dataset or way of creating it). Returns the
+    script's exit status; the script's own exceptions propagate.
     """
     from loadertune.errors import LoadertuneError
     from loadertune.trials.child import run_as_main
-    from loadertune.trials.patch import ApplyEach, patched
+    from loadertune.trials.patch import patched
     from loadertune.trials.script import check_script
 
     check_script(script)
@@ -121,15 +111,11 @@ def run_script(
             run_as_main(str(script), list(args))
         else:
             with patched(controller):
-                run_as_main(str(script), list(args))
-                for apply in controller.each if isinstance(controller, ApplyEach) else [controller]:
-                    if apply.applied is None:
-                        which = (
-                            f"at {apply.expected_site}"
-                            if isinstance(controller, ApplyEach)
-                            else f"#{apply.index}"
-                        )
-                        report(f"loadertune: the script created no DataLoader {which}; not applied")
+                try:
+                    run_as_main(str(script), list(args))
+                finally:
+                    for line in controller.unapplied():
+                        report(line)
     except SystemExit as exc:
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else 1)

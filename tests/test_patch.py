@@ -10,9 +10,7 @@ from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
 from loadertune.config import Config
 from loadertune.trials.loader import apply_settings
-from loadertune.trials.patch import Apply, LoaderRecord, matches_site, patched
-
-from workloads import TensorDataset
+from loadertune.trials.patch import LoaderRecord, matches_site, patched
 
 
 class Recorder:
@@ -70,24 +68,6 @@ def test_the_patch_is_undone() -> None:
     with patched(Recorder()):
         assert DataLoader.__init__ is not original[0]
     assert (DataLoader.__init__, DataLoader.__iter__) == original
-
-
-def test_apply_changes_only_the_chosen_loader() -> None:
-    lines: list[str] = []
-    controller = Apply(
-        Config(8, 2, 4, persistent_workers=True),
-        index=2,
-        expected_site="elsewhere.py:1",
-        report=lines.append,
-    )
-    with patched(controller):
-        first = DataLoader(TensorDataset(n=32), batch_size=2)
-        second = DataLoader(TensorDataset(n=32), batch_size=2, shuffle=True)
-    assert (first.batch_size, first.num_workers) == (2, 0)
-    assert (second.batch_size, second.num_workers, second.prefetch_factor) == (8, 2, 4)
-    assert second.persistent_workers
-    assert controller.applied is not None and controller.applied.index == 2
-    assert len(lines) == 1 and "measured on the loader at elsewhere.py:1" in lines[0]
 
 
 def test_apply_settings_keeps_every_combination_valid() -> None:

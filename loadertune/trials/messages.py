@@ -40,11 +40,15 @@ class LoaderMsg(TypedDict):
 
     t: Literal["loader"]
     index: int  # order of creation, from 1
-    call_site: str  # FILE:LINE
+    call_site: str  # FILE:LINE of the user's own code that created it (or its origin)
+    key: list[str]  # what identifies it from run to run (trials.identity)
+    origin: int | None  # the loader it was rebuilt from (by a framework), if any
+    chosen_by: str  # how the first trial found it: "--loader", "the optimizer", ...
     settings: dict[str, Any]  # Config.loader_kwargs() of the loader
     epoch_samples: int | None
     dataset: str  # module.QualifiedName of the dataset's class
     batch_sampler: bool  # a batch sampler decides the batch (batch_size is None)
+    batch_size_fixed: str | None  # why its batch size cannot be changed, if it cannot
     cuda_available: bool
     warnings: list[str]
 
@@ -61,6 +65,9 @@ class ResultMsg(TypedDict):
     cuda_capacity: int | None
     bytes_per_sample: float | None
     transfer: dict[str, float] | None
+    # What the loader really ran with: "settings" as built, "workers_started", the
+    # "batch_lengths" seen, "loaders" (objects iterated: re-creations), "pid", "rank"
+    ran: dict[str, Any]
 
 
 class FailureMsg(TypedDict):
@@ -90,6 +97,14 @@ class EndedMsg(TypedDict):
     created: list[str]  # the call site of each DataLoader the script created, in order
 
 
+class HelloMsg(TypedDict):
+    """A rank of a distributed trial connected (the first message on its channel)."""
+
+    t: Literal["hello"]
+    rank: int
+    pid: int
+
+
 class StopMsg(TypedDict):
     """From the search: stop measuring (the trial is pruned)."""
 
@@ -97,6 +112,14 @@ class StopMsg(TypedDict):
 
 
 Message = (
-    EventMsg | ProgressMsg | LoaderMsg | ResultMsg | FailureMsg | NoBatchesMsg | EndedMsg | StopMsg
+    EventMsg
+    | ProgressMsg
+    | LoaderMsg
+    | ResultMsg
+    | FailureMsg
+    | NoBatchesMsg
+    | EndedMsg
+    | HelloMsg
+    | StopMsg
 )
 STOP: StopMsg = {"t": "stop"}

@@ -145,6 +145,7 @@ class TrialResult:
             "bytes_per_sample": self.bytes_per_sample,
             "orphans_killed": self.orphans_killed,
             "number": self.number,
+            "ran": self.extra.get("ran"),  # script trials: what the loader really ran with
         }
 
 
@@ -155,6 +156,9 @@ class TrialRunner(Protocol):
     uses_cuda: bool  # pin_memory is worth searching
     in_process: bool  # trials run in this process (their memory budget sits on top of ours)
     bytes_per_sample: float | None  # size of one collated sample, once a trial has seen one
+    batch_size_fixed: str | None  # why the batch size cannot be changed (None: it can)
+    loader_recreated: bool  # the loader is created again at each epoch (persistence is moot)
+    target_note: str | None  # which loader is tuned, in a line, once the first trial knows
 
     @property
     def user_error(self) -> type[UserCodeError]:
@@ -192,6 +196,9 @@ class BaseRunner:
     :meth:`_trial`; see :class:`TrialRunner` for the rest."""
 
     bytes_per_sample: float | None = None
+    batch_size_fixed: str | None = None
+    loader_recreated = False
+    target_note: str | None = None
 
     def run(
         self,

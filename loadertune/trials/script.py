@@ -31,14 +31,21 @@ from loadertune.errors import ConfigError, ScriptError
 from loadertune.measure import failures, nvml
 from loadertune.measure.failures import Failure, FailureKind
 from loadertune.measure.meter import Measurement
-from loadertune.trials import messages
+from loadertune.trials import applied, messages
 from loadertune.trials.channel import Channel
 from loadertune.trials.child import SPEC_ENV
-from loadertune.trials.patch import matches_site
+from loadertune.trials.identity import matches_site, target_line
 from loadertune.trials.runner import BaseRunner, TrialRequest, TrialResult
 from loadertune.trials.supervisor import Supervisor
 
 OUTPUT_TAIL_BYTES = 8192
+# torch.distributed.init_process_group() without the environment torch's launcher sets
+_LAUNCHER_ENV = "using env:// rendezvous"
+_NEEDS_LAUNCHER = (
+    "the script calls torch.distributed.init_process_group(), which needs the environment "
+    "torch's launcher sets (RANK, WORLD_SIZE, MASTER_ADDR): search it as torchrun runs it, "
+    "with `loadertune search --nproc-per-node N SCRIPT -- ARGS`"
+)
 
 
 def check_script(script: str | os.PathLike[str]) -> Path:
@@ -147,6 +154,9 @@ class ScriptRunner(BaseRunner):
         self.epoch_samples: int | None = None
         self.bytes_per_sample: float | None = None
         self.loader_info: dict[str, Any] | None = None
+        self.batch_size_fixed: str | None = None  # why the batch size cannot be searched
+        self.loader_recreated = False
+        self._check_lengths = False  # batch lengths tell the batch size (see trials.applied)
         self._logdir = tempfile.TemporaryDirectory(prefix="loadertune-")
         self._handlers: dict[str, Callable[[Any, _Trial], bool]] = {
             "event": self._on_event,
@@ -156,6 +166,7 @@ class ScriptRunner(BaseRunner):
             "failure": self._on_failure,
             "no_batches": self._on_no_batches,
             "ended": self._on_ended,
+            "hello": self._on_hello,
         }
 
     def _trial(self, config: Config | None, request: TrialRequest) -> TrialResult:
@@ -163,20 +174,34 @@ class ScriptRunner(BaseRunner):
         finds the loader to tune when no ``loader=`` was given."""
         if config is not None and self.loader_info is None and not self.selector:
             raise RuntimeError("run the baseline (config=None) first: it finds the loader to tune")
-        chan, theirs = Channel.pair()
-        log = Path(self._logdir.name) / "trial.log"
         spec = {
             "script": self.script,
             "args": self.args,
-            "fd": theirs.fileno(),
             "parent_pid": os.getpid(),
             "phase": request.phase,
             "window_s": request.window.window_s,
             "hang_s": request.limits.hang_s,
             "overrides": config.loader_kwargs() if config else None,
-            **((self.loader_info and {"index": self.loader_info["index"]}) or self.selector),
+            # after the first trial, the loader it found (by key: its re-creations, its copies)
+            **((self.loader_info and {"key": self.loader_info["key"]}) or self.selector),
         }
-        env = {**os.environ, SPEC_ENV: json.dumps(spec)}
+        result = TrialResult(config or Config(1), phase=request.phase)
+        trial = self._launch(spec, result, request)
+        try:
+            with trial.sup:
+                self._supervise(trial)
+        finally:
+            result.orphans_killed = self._end(trial)
+        if result.failure is not None:
+            result.failure = trial.sup.explain(result.failure, output=_tail(trial.log))
+        return result
+
+    def _launch(self, spec: dict[str, Any], result: TrialResult, request: TrialRequest) -> _Trial:
+        """Start the trial process (``python -m loadertune.trials.child``) in a session of its
+        own, its channel an inherited descriptor."""
+        chan, theirs = Channel.pair()
+        log = Path(self._logdir.name) / "trial.log"
+        env = {**os.environ, SPEC_ENV: json.dumps({**spec, "fd": theirs.fileno()})}
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 [self.python, "-m", "loadertune.trials.child"],
@@ -188,19 +213,16 @@ class ScriptRunner(BaseRunner):
                 start_new_session=True,
             )
         theirs.close()
-        result = TrialResult(config or Config(1), phase=request.phase)
         sup = Supervisor(proc.pid, limits=request.limits, should_stop=request.should_stop)
-        try:
-            with sup:
-                self._supervise(_Trial(proc, chan, sup, result, log))
-        finally:
-            chan.close()
-            result.orphans_killed = kill_group(proc.pid)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=5)
-        if result.failure is not None:
-            result.failure = sup.explain(result.failure, output=_tail(log))
-        return result
+        return _Trial(proc, chan, sup, result, log)
+
+    def _end(self, trial: _Trial) -> int:
+        """Close the channel and kill the trial's process group; how many were still alive."""
+        trial.chan.close()
+        survivors = kill_group(trial.proc.pid)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            trial.proc.wait(timeout=5)
+        return survivors
 
     def _supervise(self, trial: _Trial) -> None:
         while True:
@@ -249,6 +271,9 @@ class ScriptRunner(BaseRunner):
             trial.sup.sampler.gpu_index = nvml.index_for_bus_id(msg["bus_id"])
         return False
 
+    def _on_hello(self, msg: messages.HelloMsg, trial: _Trial) -> bool:
+        return False  # only ranks of a distributed trial say hello (trials.ranks)
+
     def _on_progress(self, msg: messages.ProgressMsg, trial: _Trial) -> bool:
         if not trial.sup.progress(int(msg["i"]), float(msg["rate"])):
             trial.chan.send(messages.STOP)
@@ -260,6 +285,15 @@ class ScriptRunner(BaseRunner):
         if self.loader_info is None:
             self.loader_info = dict(msg)
             self.uses_cuda = msg["cuda_available"]
+            self.batch_size_fixed = msg["batch_size_fixed"]
+            self.target_note = "tuning " + target_line(
+                index=msg["index"],
+                call_site=msg["call_site"],
+                dataset=msg["dataset"],
+                batch_size=msg["settings"].get("batch_size"),
+                chosen_by=msg["chosen_by"],
+                rebuilt=msg["origin"] is not None,
+            )
         if result.phase == "baseline":
             result.config = Config.from_kwargs(msg["settings"])
         result.extra["warnings"] = list(msg["warnings"])
@@ -278,7 +312,22 @@ class ScriptRunner(BaseRunner):
         result.cuda_capacity_bytes = msg["cuda_capacity"]
         result.transfer = msg["transfer"]
         self.bytes_per_sample = msg["bytes_per_sample"] or self.bytes_per_sample
-        return msg["complete"]  # a partial result is followed by "ended"
+        self._check_ran(msg["ran"], result)
+        return msg["complete"] or result.failure is not None  # partial: "ended" follows
+
+    def _check_ran(self, ran: dict[str, Any], result: TrialResult) -> None:
+        """Record what the loader ran with; a trial that did not run its setting fails."""
+        result.extra["ran"] = ran
+        self.loader_recreated = self.loader_recreated or (ran.get("loaders") or 0) > 1
+        if result.phase == "baseline":
+            self._check_lengths = applied.lengths_show_batch_size(ran)
+            return
+        if result.phase == "replay":
+            return  # one cached batch, no loading
+        wrong = applied.mismatch(result.config, ran, check_lengths=self._check_lengths)
+        if wrong is not None:
+            result.failure = applied.not_applied(result.config, wrong)
+            result.measurement = None
 
     def _on_failure(self, msg: messages.FailureMsg, trial: _Trial) -> bool:
         detail = f"{msg['traceback']}\n--- script output (tail) ---\n{_tail(trial.log)}"
@@ -286,12 +335,13 @@ class ScriptRunner(BaseRunner):
             msg["text"], where=msg["where"], detail=detail, num_workers=msg["num_workers"]
         )
         if failure.kind == FailureKind.SCRIPT_ERROR:
+            launcher = _LAUNCHER_ENV in msg["text"]
             failure = Failure(
                 FailureKind.SCRIPT_ERROR,
                 f"the script raised {msg['text'][:200]}",
-                "fix the script; its traceback is below",
+                _NEEDS_LAUNCHER if launcher else "fix the script; its traceback is below",
                 user_bug=True,
-                detail=detail,
+                detail=f"{_NEEDS_LAUNCHER}\n{detail}" if launcher else detail,
             )
         trial.result.failure = failure
         return True
