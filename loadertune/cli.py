@@ -168,6 +168,13 @@ def cli() -> None:
     show_default=True,
     help="Seconds the script may take to reach its first batch.",
 )
+@click.option(
+    "--nproc-per-node",
+    type=click.IntRange(min=1, max=64),
+    default=None,
+    help="Run every trial as `torchrun --nproc-per-node N` (a script that calls "
+    "init_process_group); the rate is the node's, as its slowest rank allows.",
+)
 @click.option("--seed", type=int, default=None, help="Seed of the sampler.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
 @click.option("--show-trials", is_flag=True, help="Print every trial in the final report.")
@@ -187,6 +194,7 @@ def search(
     force: bool,
     window_s: float | None,
     startup_timeout_s: float,
+    nproc_per_node: int | None,
     seed: int | None,
     as_json: bool,
     show_trials: bool,
@@ -220,6 +228,7 @@ def search(
                 loader=loader,
                 settings=settings,
                 observer=view,
+                nproc_per_node=nproc_per_node,
             )
         path = rec.save(out, force=force)
     except SearchInterrupted as exc:
@@ -272,7 +281,14 @@ def search(
     type=click.Path(dir_okay=False),
     help="Recommendation file.",
 )
-def run(script: str, script_args: tuple[str, ...], path: str) -> None:
+@click.option(
+    "--nproc-per-node",
+    type=click.IntRange(min=1, max=64),
+    default=None,
+    help="Run SCRIPT as `torchrun --standalone --nproc-per-node N` would, with the entry "
+    "tuned at that world size.",
+)
+def run(script: str, script_args: tuple[str, ...], path: str, nproc_per_node: int | None) -> None:
     """Run SCRIPT for real with this machine's saved settings applied to its DataLoader."""
     try:
         code = saved.run_script(
@@ -280,6 +296,7 @@ def run(script: str, script_args: tuple[str, ...], path: str) -> None:
             script_args,
             path=path,
             report=lambda line: _err.print(line, soft_wrap=True),
+            nproc_per_node=nproc_per_node,
         )
     except LoadertuneError as exc:
         _fail(exc)

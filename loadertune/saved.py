@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,14 @@ from loadertune.errors import (
 
 if TYPE_CHECKING:
     from loadertune.trials.apply import ApplySaved
+
+
+def current_world_size() -> int:
+    """This process's world size, as torch's launcher says it (1 outside a launcher)."""
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
 
 
 def load_recommendation(
@@ -33,7 +42,9 @@ def load_recommendation(
         hardware_key: another machine's key (default: this machine's).
         workload: which workload's entry, when the file holds several for the machine: the
             dataset you tuned (its type picks the entry), or a workload key as ``loadertune
-            show`` prints it (``"script train.py:42"``). None: the machine's only entry.
+            show`` prints it (``"script train.py:42"``). None: the machine's only entry, or
+            its only entry for this world size (``$WORLD_SIZE``, set by torch's launcher; with
+            a warning, the nearest size tuned when this one was not).
 
     Raises:
         NoRecommendationError: no entry for the machine, or for the workload (the message lists
@@ -50,6 +61,12 @@ def load_recommendation(
         workload = store.workload_key(
             {"kind": "dataset", "dataset": f"{kind.__module__}.{kind.__qualname__}"}
         )
+    if workload is None:  # several entries: the one for this world size, if it is one
+        picked, warning = store.for_world_size(store.entries_for(path, key), current_world_size())
+        if warning:
+            warnings.warn(warning, stacklevel=2)
+        if len(picked) == 1:
+            (workload,) = picked
     return dict(store.entry_for(path, key, workload)["loader_kwargs"])
 
 
@@ -64,6 +81,9 @@ def _apply_saved(
     mine = store.of_script(workloads, script, file=path)
     if not mine and set(workloads) == {store.UNKNOWN_WORKLOAD}:
         mine = workloads  # an entry that does not say what it was measured on
+    mine, warning = store.for_world_size(mine, current_world_size())
+    if warning:
+        report(f"loadertune: {warning}")
     if not mine:
         name = store.script_name(script, file=path)
         raise NoRecommendationError(
@@ -80,12 +100,17 @@ def _apply_saved(
     return ApplySaved(entries, report=report)
 
 
+def _quiet(line: str) -> None:
+    pass
+
+
 def run_script(
     script: str | os.PathLike[str],
     args: Sequence[str] = (),
     *,
     path: str | os.PathLike[str] = "loadertune.json",
     report: Callable[[str], None] = print,
+    nproc_per_node: int | None = None,
 ) -> int:
     """Run a training script for real with this machine's saved settings for it applied to the
     loaders they were measured on.
@@ -93,7 +118,9 @@ def run_script(
     Prints (through ``report``) what was applied, or why nothing was: an entry for another
     workload only (another script) is never applied, nor an entry to a loader that is not the
     one it was measured on (another call site, dataset or way of creating it). Returns the
-    script's exit status; the script's own exceptions propagate.
+    script's exit status; the script's own exceptions propagate. With ``nproc_per_node``, the
+    script runs as ``torchrun --standalone --nproc-per-node N`` runs it, each rank with the
+    entry for that world size applied (rank 0 reports).
     """
     from loadertune.errors import LoadertuneError
     from loadertune.trials.child import run_as_main
@@ -101,6 +128,10 @@ def run_script(
     from loadertune.trials.script import check_script
 
     check_script(script)
+    if nproc_per_node is not None:
+        return _run_ranks(script, args, path=path, nproc_per_node=nproc_per_node)
+    if os.environ.get("RANK", "0") != "0":  # a rank of torch's launcher: rank 0 speaks for all
+        report = _quiet
     controller = None
     try:
         controller = _apply_saved(script, path, report)
@@ -120,6 +151,37 @@ def run_script(
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else 1)
     return 0
+
+
+def _run_ranks(
+    script: str | os.PathLike[str],
+    args: Sequence[str],
+    *,
+    path: str | os.PathLike[str],
+    nproc_per_node: int,
+) -> int:
+    """``loadertune run`` in each rank of torch's launcher."""
+    import subprocess
+    import sys
+
+    from loadertune.trials.launch import PARENT_ENV
+
+    command = [
+        sys.executable,
+        "-m",
+        "loadertune.trials.launch",
+        "--standalone",
+        f"--nproc-per-node={nproc_per_node}",
+        "--module",
+        "loadertune",
+        "run",
+        "--file",
+        str(path),
+        str(script),
+        "--",
+        *args,
+    ]
+    return subprocess.call(command, env={**os.environ, PARENT_ENV: str(os.getpid())})
 
 
 def save_partial(

@@ -77,17 +77,18 @@ def check_trials_ran_their_settings(entry: dict, tmp_path: Path, *, val_batch: i
     }
     checked = 0
     for trial in entry["trials"]:
-        ran = trial.get("ran")
-        if trial["status"] != "ok" or trial["phase"] == "replay" or not ran:
+        if trial["status"] != "ok" or trial["phase"] == "replay" or not trial.get("ran"):
             continue
-        params, made = trial["params"], batches[ran["pid"]]
-        assert made, f"no batch logged by trial process {ran['pid']}: {trial}"
-        lengths = {length for length, _ in made}
-        workers = {worker for _, worker in made}
-        assert max(lengths) == params["batch_size"], (trial, sorted(lengths))
-        expected = {str(i) for i in range(params["num_workers"])} or {"main"}
-        assert workers == expected, (trial, workers)
-        assert ran["workers_started"] == params["num_workers"]
+        params = trial["params"]
+        for ran in trial["ran"].get("ranks") or [trial["ran"]]:  # each rank of a torchrun trial
+            made = batches[ran["pid"]]
+            assert made, f"no batch logged by trial process {ran['pid']}: {trial}"
+            lengths = {length for length, _ in made}
+            workers = {worker for _, worker in made}
+            assert max(lengths) == params["batch_size"], (trial, sorted(lengths))
+            expected = {str(i) for i in range(params["num_workers"])} or {"main"}
+            assert workers == expected, (trial, workers)
+            assert ran["workers_started"] == params["num_workers"]
         checked += 1
     return checked
 
@@ -131,6 +132,19 @@ def run_applies_only_to_the_tuned_loader(
     assert (24, "0") in made  # the training loader: the entry's batch size, in a worker
     assert (other_batch, "main") in made  # the validation loader: as the script built it
     assert {length for length, worker in made if worker == "main"} == {other_batch}
+
+
+def _no_rank_left() -> None:
+    """No process of a distributed trial outlives it (the autouse fixture checks the same,
+    by environment; here by command line, for a rank that dropped the environment)."""
+    import psutil
+
+    left = [
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if any("loadertune.trials" in part for part in p.info["cmdline"] or [])
+    ]
+    assert not left, left
 
 
 def test_lightning_fit_tunes_the_training_loader_not_the_sanity_checked_one(
@@ -208,3 +222,52 @@ def test_a_loader_created_at_every_epoch_is_one_loader(tmp_path: Path) -> None:
     assert entry["workload"]["recreated_each_epoch"]
     assert entry["search"]["space"]["persistent_workers"] == [False]  # moot: new loaders
     assert any((t.get("ran") or {}).get("loaders", 0) > 1 for t in entry["trials"])
+
+
+def test_torchrun_two_ranks_on_gloo_one_search_one_result(tmp_path: Path) -> None:
+    """``--nproc-per-node 2``: every trial runs both ranks under torch's launcher, each rank's
+    loader with the trial's setting (checked rank by rank from inside), one entry for world
+    size 2; ``run --nproc-per-node 2`` applies it in each rank."""
+    entry = search(
+        "ddp_train.py", tmp_path, "--nproc-per-node", "2", "--batch-sizes", "32,64", budget=90
+    )
+    _tuned(entry, _line("ddp_train.py", "loader = DataLoader("), "_frameworks.Features")
+    assert (entry["workload"]["world_size"], entry["workload"]["nproc_per_node"]) == (2, 2)
+    assert entry["workload_key"].endswith("[2 ranks]")
+    measured = [t for t in entry["trials"] if t["status"] == "ok" and t["ran"]]
+    assert all(len(t["ran"]["ranks"]) == 2 for t in measured)
+    assert check_trials_ran_their_settings(entry, tmp_path, val_batch=0) >= 1
+    _no_rank_left()
+    path = _edited(tmp_path, entry, batch_size=24, num_workers=1, prefetch_factor=2)
+    proc = _cli(
+        [
+            "run",
+            "ddp_train.py",
+            "--nproc-per-node",
+            "2",
+            "--file",
+            str(path),
+            "--",
+            "--epochs",
+            "1",
+        ],
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stderr.count("bs=24 w=1 pf=2") == 1  # rank 0 speaks for both
+    made = _batches(tmp_path)
+    assert len(made) == 2  # two ranks, each with the entry's settings
+    assert all({(24, "0")} == {(n, w) for n, w in batches if n == 24} for batches in made.values())
+    assert all({w for _, w in batches} == {"0"} for batches in made.values())
+    _no_rank_left()
+
+
+def test_a_plain_search_of_a_distributed_script_says_to_use_nproc_per_node(
+    tmp_path: Path,
+) -> None:
+    proc = _cli(
+        ["search", "ddp_train.py", "--budget", "20", "--out", str(tmp_path / "r.json")], tmp_path
+    )
+    assert proc.returncode == 1
+    assert "--nproc-per-node" in proc.stderr
+    assert not (tmp_path / "r.json").exists()

@@ -28,6 +28,7 @@ RANKS = {
     "loadertune.api": 9,
     "loadertune.saved": 9,
     "loadertune.cli": 10,
+    "loadertune.integrations": 10,  # each imports its framework (an optional dependency)
     "loadertune": 11,  # the package's __init__: the public face
     "loadertune.__main__": 12,
 }

@@ -129,7 +129,7 @@ class TrialController:
             first = next(original(loader))
             self.bytes_per_sample = dl.bytes_per_sample(first)
             self.transfer = dl.transfer_rates(first)
-            return self.target.meter.wrap(dl.Repeat(first))
+            return self.target.replay(first)
         return self.target.epoch(loader, record, original)
 
     def _metered(

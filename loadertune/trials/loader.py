@@ -164,6 +164,45 @@ def sample_counter(loader: DataLoader[Any]) -> Callable[[Any, int], int]:
     return FixedCount(loader.batch_size, epoch_samples(loader), loader.drop_last)
 
 
+_KEPT = (
+    "collate_fn",
+    "drop_last",
+    "worker_init_fn",
+    "timeout",
+    "generator",
+    "multiprocessing_context",
+    "pin_memory_device",
+    "in_order",
+)
+
+
+def arguments_of(loader: DataLoader[Any]) -> dict[str, Any]:
+    """Keyword arguments that build ``loader`` again (as frameworks rebuild a user's loader):
+    its dataset, its sampler or batch sampler, its own settings and everything else it keeps."""
+    arguments: dict[str, Any] = {"dataset": loader.dataset}
+    if loader.batch_size is None:
+        arguments["batch_sampler"] = loader.batch_sampler
+    else:
+        arguments["batch_size"] = loader.batch_size
+        if not isinstance(loader.dataset, IterableDataset):
+            arguments["sampler"] = loader.sampler
+    own = settings_of(loader).loader_kwargs()
+    if loader.batch_size is None:
+        del own["batch_size"]  # the batch sampler's
+    arguments.update(own)
+    for name in _KEPT:
+        if hasattr(loader, name):
+            arguments[name] = getattr(loader, name)
+    if loader.batch_size is None:
+        arguments.pop("drop_last", None)  # the batch sampler's own
+    return arguments
+
+
+def rebuilt(loader: DataLoader[Any], config: Config) -> DataLoader[Any]:
+    """A new DataLoader like ``loader`` with ``config`` applied (:func:`apply_settings`)."""
+    return DataLoader(**apply_settings(arguments_of(loader), config))
+
+
 def settings_of(loader: DataLoader[Any]) -> Config:
     """The loader's own tuned settings (its batch size is 1 when a batch sampler decides)."""
     batch_size = loader.batch_size or getattr(loader.batch_sampler, "batch_size", None) or 1

@@ -198,6 +198,12 @@ class RankedScriptRunner(ScriptRunner):
             return self._handle(msg, trial)
         return False  # another rank's loader, events and progress: rank 0 speaks for them
 
+    def _on_loader(self, msg: Any, trial: _Trial) -> bool:
+        """Rank 0's loader; an epoch of the node holds every rank's share."""
+        if msg["epoch_samples"]:
+            msg = {**msg, "epoch_samples": msg["epoch_samples"] * self.nproc_per_node}
+        return super()._on_loader(msg, trial)
+
     def _check_ran(self, ran: dict[str, Any], result: TrialResult) -> None:
         """Every rank must have run the setting, not only the slowest."""
         super()._check_ran(ran, result)
