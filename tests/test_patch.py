@@ -101,3 +101,33 @@ def test_apply_settings_keeps_every_combination_valid() -> None:
 )
 def test_matches_site(site: str, wanted: str, ok: bool) -> None:
     assert matches_site(site, wanted) is ok
+
+
+def test_a_batch_sampler_is_rebuilt_with_the_trials_batch_size_where_its_type_allows() -> None:
+    from loadertune.trials.loader import batch_size_fixed, epoch_samples
+
+    sampler = BatchSampler(SequentialSampler(range(100)), batch_size=10, drop_last=False)
+    out = apply_settings({"dataset": list(range(100)), "batch_sampler": sampler}, Config(32, 0))
+    assert out["batch_sampler"].batch_size == 32 and sampler.batch_size == 10  # a copy
+    loader = DataLoader(**out)
+    assert [len(b) for b in loader] == [32, 32, 32, 4]
+    assert epoch_samples(loader) == 100  # known from the batch sampler: persistence is tried
+
+    class Buckets(BatchSampler):  # a subclass may batch by other rules: not rebuilt
+        pass
+
+    custom = Buckets(SequentialSampler(range(100)), batch_size=10, drop_last=False)
+    assert "cannot rebuild it" in (batch_size_fixed(custom) or "")
+    kept = apply_settings({"dataset": None, "batch_sampler": custom}, Config(32, 0))
+    assert kept["batch_sampler"] is custom
+
+
+def test_accelerates_shard_of_a_batch_sampler_is_rebuilt_around_a_resized_one() -> None:
+    shard_type = pytest.importorskip("accelerate.data_loader").BatchSamplerShard
+    inner = BatchSampler(SequentialSampler(range(64)), batch_size=8, drop_last=False)
+    shard = shard_type(inner, num_processes=2, process_index=1)
+    out = apply_settings({"dataset": list(range(64)), "batch_sampler": shard}, Config(16, 0))
+    new = out["batch_sampler"]
+    assert type(new) is shard_type and new.batch_size == 16 and new.process_index == 1
+    assert [len(b) for b in new] == [16, 16]  # rank 1's half of 64 samples in batches of 16
+    assert shard.batch_size == 8  # the original is untouched
