@@ -91,3 +91,26 @@ def test_an_old_entry_without_a_call_site_goes_by_order_of_creation() -> None:
     ns, _, _ = _run([entry])
     assert ns["val"].num_workers == 2 and ns["train"].num_workers == 0
     assert DataLoader.__init__.__name__ == "__init__"  # the patch is undone
+
+
+def test_what_runs_the_script_is_not_part_of_a_loaders_key(tmp_path, monkeypatch) -> None:
+    """A loader's key holds the script's frames only, whatever ran it (a trial process, `run`
+    from a console script or `python -m`): `run` must find the loader a search keyed."""
+    import sys
+
+    from loadertune.trials.child import run_as_main
+
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # run_as_main sets both
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    script = tmp_path / "train.py"
+    script.write_text(
+        "from torch.utils.data import DataLoader\n\n"
+        "def make():\n"
+        "    return DataLoader(list(range(8)), batch_size=2)\n\n"
+        "loader = make()\n"
+    )
+    controller = ApplySaved([])
+    with patched(controller):
+        run_as_main(str(script), [])
+    (record,) = controller.created
+    assert [site.rsplit("/", 1)[-1] for site in record.identity] == ["train.py:4", "train.py:6"]

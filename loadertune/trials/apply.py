@@ -60,10 +60,9 @@ class SavedEntry:
         if self.dataset and record.dataset and record.dataset != self.dataset:
             return f"it loads {record.dataset}, the entry was measured on {self.dataset}"
         if self.key is not None and not same_key(record.identity, self.key, user_frames=2):
-            return (
-                f"it was created another way ({' < '.join(record.identity)}), the entry's "
-                f"loader by {' < '.join(self.key)}"
-            )
+            pairs = zip(record.identity, self.key, strict=False)
+            mine, theirs = next(((a, b) for a, b in pairs if a != b), ("another way", "another"))
+            return f"it was created by {mine}, the entry's loader by {theirs}"
         return None
 
     def label(self) -> str:

@@ -37,7 +37,7 @@ def _library_dirs() -> tuple[str, ...]:
     """Folders holding code that is not the user's: the standard library, installed packages,
     torch and loadertune (wherever they are installed from)."""
     paths = sysconfig.get_paths()
-    dirs = {paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    dirs = {paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib", "scripts")}
     with contextlib.suppress(AttributeError):  # a virtualenv's old site.py
         dirs.update(site.getsitepackages())
     user_site = getattr(site, "USER_SITE", None)
@@ -51,6 +51,7 @@ def _library_dirs() -> tuple[str, ...]:
 
 
 _LIBRARY_DIRS = _library_dirs()
+_LOADERTUNE_DIR = os.path.join(os.path.dirname(sys.modules["loadertune"].__file__ or ""), "")
 _SKIP_DIRS = tuple(
     os.path.join(os.path.dirname(m.__file__ or ""), "")
     for m in (sys.modules["torch"], sys.modules["loadertune"])
@@ -152,6 +153,8 @@ def describe_creation(
     origin: LoaderRecord | None = None
     while frame is not None:
         path = frame.f_code.co_filename
+        if user and path.startswith(_LOADERTUNE_DIR):
+            break  # what ran the script (a trial process, `loadertune run`): not the script's
         if path.startswith(_SKIP_DIRS) or _holds(frame, loader):
             frame = frame.f_back  # torch, loadertune, or an __init__ of the loader (a subclass's,
             continue  # a framework's wrapper of __init__): the loader is being built there
