@@ -70,25 +70,47 @@ def search(script: str, tmp_path: Path, *extra: str, budget: int = 40) -> dict:
 def check_trials_ran_their_settings(entry: dict, tmp_path: Path, *, val_batch: int) -> int:
     """Every measured trial ran with the batch size and workers it recorded, as the script saw
     it from inside the trial; returns how many trials were checked. The validation loader's
-    batches (``val_batch`` samples, made in the main process) are told apart by their size."""
+    batches (``val_batch`` samples, made in the main process) are told apart by their size.
+
+    A trial process that ran one setting made only that setting's batches. One that ran several
+    in turn (hot-swapped) made each one's: every setting's batch size from each of its workers,
+    and no batch longer than the largest setting's or from a worker none of them had."""
     batches = {
         pid: [(n, worker) for n, worker in made if not (n == val_batch and worker == "main")]
         for pid, made in _batches(tmp_path).items()
     }
-    checked = 0
-    for trial in entry["trials"]:
-        if trial["status"] != "ok" or trial["phase"] == "replay" or not trial.get("ran"):
-            continue
-        params = trial["params"]
+    measured = [
+        t
+        for t in entry["trials"]
+        if t["status"] == "ok" and t["phase"] != "replay" and t.get("ran")
+    ]
+    per_pid: dict[int, list[dict]] = defaultdict(list)
+    for trial in measured:
         for ran in trial["ran"].get("ranks") or [trial["ran"]]:  # each rank of a torchrun trial
+            per_pid[ran["pid"]].append(trial["params"])
+    checked = 0
+    for trial in measured:
+        params = trial["params"]
+        expected = {str(i) for i in range(params["num_workers"])} or {"main"}
+        for ran in trial["ran"].get("ranks") or [trial["ran"]]:
             made = batches[ran["pid"]]
             assert made, f"no batch logged by trial process {ran['pid']}: {trial}"
+            assert ran["workers_started"] == params["num_workers"]
+            assert max(ran["batch_lengths"]) == params["batch_size"], (trial, ran)
             lengths = {length for length, _ in made}
             workers = {worker for _, worker in made}
-            assert max(lengths) == params["batch_size"], (trial, sorted(lengths))
-            expected = {str(i) for i in range(params["num_workers"])} or {"main"}
-            assert workers == expected, (trial, workers)
-            assert ran["workers_started"] == params["num_workers"]
+            if len(per_pid[ran["pid"]]) == 1:
+                assert max(lengths) == params["batch_size"], (trial, sorted(lengths))
+                assert workers == expected, (trial, workers)
+                continue
+            full = {worker for length, worker in made if length == params["batch_size"]}
+            assert expected <= full, (trial, sorted(full))
+            settings = per_pid[ran["pid"]]
+            assert max(lengths) == max(p["batch_size"] for p in settings), (trial, lengths)
+            allowed = set().union(
+                *[{str(i) for i in range(p["num_workers"])} or {"main"} for p in settings]
+            )
+            assert workers <= allowed, (trial, workers, allowed)
         checked += 1
     return checked
 
