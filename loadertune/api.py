@@ -258,6 +258,7 @@ def tune_script(
     loader: int | str | None = None,
     settings: SearchSettings | None = None,
     observer: Observer | None = None,
+    nproc_per_node: int | None = None,
 ) -> Recommendation:
     """Tune the DataLoader of an unmodified training script (what ``loadertune search`` runs).
 
@@ -273,32 +274,52 @@ def tune_script(
         settings: budget and policy of the search (None: the defaults); without a
             ``study_name`` the study is named after the script, its arguments and the loader.
         observer: hears progress (the CLI's live view); None is silent.
+        nproc_per_node: run every trial under torch's launcher with this many ranks (a script
+            that calls ``init_process_group``, as ``torchrun --nproc-per-node N`` runs it); the
+            rate is the node's, as the slowest rank allows. None: one plain process.
 
     Example:
         >>> rec = tune_script("train.py", ["--epochs", "3"], settings=SearchSettings(budget_s=60))
         >>> rec.save("loadertune.json")
     """
+    from loadertune.trials.ranks import RankedScriptRunner
     from loadertune.trials.script import ScriptRunner
 
     hw = hardware.detect()
     sizes = () if batch_size is None else normalize_batch_sizes(batch_size)
-    runner = ScriptRunner(script, list(args), loader=loader)
+    runner = (
+        ScriptRunner(script, list(args), loader=loader)
+        if nproc_per_node is None
+        else RankedScriptRunner(script, list(args), loader=loader, nproc_per_node=nproc_per_node)
+    )
+    ranks = nproc_per_node or 1
     ident = hashlib.sha1(
-        f"{os.path.abspath(script)}|{list(args)}|{loader}|{list(sizes)}".encode()
+        f"{os.path.abspath(script)}|{list(args)}|{loader}|{list(sizes)}|{nproc_per_node}".encode()
     ).hexdigest()[:10]
     settings = resolved_settings(
-        settings or SearchSettings(),
+        dataclasses.replace(settings or SearchSettings(), ranks=ranks),
         hw,
         study_name=f"script-{os.path.basename(str(script))}-{ident}",
     )
-    workload = {"kind": "script", "script": str(script), "args": list(args)}
+    workload = {
+        "kind": "script",
+        "script": str(script),
+        "args": list(args),
+        "world_size": ranks,
+        "nproc_per_node": nproc_per_node,
+    }
 
     def found() -> dict[str, Any]:
         info = runner.loader_info or {}
         return {
             "loader_index": info.get("index"),
             "call_site": info.get("call_site"),
+            "key": info.get("key"),
             "dataset": info.get("dataset"),
+            "chosen_by": info.get("chosen_by"),
+            "rebuilt_by_framework": info.get("origin") is not None,
+            "recreated_each_epoch": runner.loader_recreated,
+            "batch_size_fixed": runner.batch_size_fixed,
             "epoch_samples": info.get("epoch_samples"),
         }
 
@@ -315,9 +336,8 @@ def tune_script(
     except SearchInterrupted as exc:  # what was tuned, for save_partial's entry
         exc.workload = {**workload, **found()}
         raise
-    info = runner.loader_info or {}
     rec.workload.update(found())
-    if info.get("batch_sampler"):
+    if runner.batch_size_fixed:  # the script's batch sampler decides
         rec.loader_kwargs.pop("batch_size", None)
     return rec
 

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.text import Text
 
 from loadertune import __version__, api, doctor, hardware, plots, saved, store
-from loadertune.config import Config
+from loadertune.config import kwargs_label
 from loadertune.errors import (
     LoadertuneError,
     PartialNotSaved,
@@ -178,6 +178,13 @@ def cli() -> None:
     show_default=True,
     help="Seconds the script may take to reach its first batch.",
 )
+@click.option(
+    "--nproc-per-node",
+    type=click.IntRange(min=1, max=64),
+    default=None,
+    help="Run every trial as `torchrun --nproc-per-node N` (a script that calls "
+    "init_process_group); the rate is the node's, as its slowest rank allows.",
+)
 @click.option("--seed", type=int, default=None, help="Seed of the sampler.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
 @click.option("--show-trials", is_flag=True, help="Print every trial in the final report.")
@@ -204,6 +211,7 @@ def search(
     force: bool,
     window_s: float | None,
     startup_timeout_s: float,
+    nproc_per_node: int | None,
     seed: int | None,
     as_json: bool,
     show_trials: bool,
@@ -240,6 +248,7 @@ def search(
                 loader=loader,
                 settings=settings,
                 observer=view,
+                nproc_per_node=nproc_per_node,
             )
         path = rec.save(out, force=force)
     except SearchInterrupted as exc:
@@ -332,6 +341,13 @@ def search(
     help="With --tune: which DataLoader, by order of creation (default: the saved entry's, "
     "else the first the script iterates).",
 )
+@click.option(
+    "--nproc-per-node",
+    type=click.IntRange(min=1, max=64),
+    default=None,
+    help="Run SCRIPT as `torchrun --standalone --nproc-per-node N` would, with the entry "
+    "tuned at that world size.",
+)
 def run(
     script: str,
     script_args: tuple[str, ...],
@@ -340,12 +356,19 @@ def run(
     budget_s: float,
     batch_sizes: list[int] | None,
     loader: int | None,
+    nproc_per_node: int | None,
 ) -> None:
     """Run SCRIPT for real with this machine's saved settings applied to its DataLoader.
 
     With --tune, the run also tunes it: the first --budget seconds try settings on the live
     training loop, then the winner runs to the end and is saved.
     """
+    if tune and nproc_per_node is not None:
+        raise click.UsageError(
+            "--tune runs in one training process; --nproc-per-node runs several: tune with "
+            "`loadertune search --nproc-per-node N SCRIPT`, then `loadertune run "
+            "--nproc-per-node N SCRIPT` applies the entry"
+        )
     report = lambda line: _err.print(line, soft_wrap=True)  # noqa: E731
     try:
         if tune:
@@ -361,7 +384,9 @@ def run(
                 report=report,
             )
         else:
-            code = saved.run_script(script, script_args, path=path, report=report)
+            code = saved.run_script(
+                script, script_args, path=path, report=report, nproc_per_node=nproc_per_node
+            )
     except LoadertuneError as exc:
         _fail(exc)
     sys.exit(code)
@@ -423,7 +448,7 @@ def _show_entry(console: Console, workload: str, entry: Any) -> None:
     console.print(Text.assemble(f"  {workload}", partial), soft_wrap=True)
     kwargs = entry["loader_kwargs"]
     rate = entry.get("samples_per_s")
-    label = Config.from_kwargs(kwargs, batch_size=1).label() if kwargs else "-"
+    label = kwargs_label(kwargs) if kwargs else "-"
     speed = f"{rate:,.0f} samples/s" if rate else "-"
     speedup = entry.get("speedup")
     console.print(

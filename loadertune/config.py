@@ -84,6 +84,15 @@ class Config:
         return " ".join(parts)
 
 
+def kwargs_label(kwargs: Mapping[str, Any]) -> str:
+    """:meth:`Config.label` of DataLoader keyword arguments; without ``batch_size`` (a batch
+    sampler decides it), ``bs=sampler``."""
+    if kwargs.get("batch_size") is not None:
+        return Config.from_kwargs(kwargs).label()
+    label = Config.from_kwargs(kwargs, batch_size=1).label()
+    return "bs=sampler" + label[len("bs=1") :]
+
+
 def normalize_batch_sizes(batch_size: int | Iterable[int] | None) -> tuple[int, ...]:
     """The candidates: the int itself, the sorted list, or powers of two when None."""
     if batch_size is None:

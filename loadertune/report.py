@@ -16,8 +16,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from loadertune.config import Config
+from loadertune.config import Config, kwargs_label
 from loadertune.trials import TrialResult
+from loadertune.trials.identity import target_line
 from loadertune.units import MIB
 
 if TYPE_CHECKING:
@@ -117,6 +118,12 @@ class LiveView:
         self._current = f"{phase} {config.label() if config else '(its own settings)'}"
         self._refresh()
 
+    def note(self, text: str) -> None:
+        self._last.append(text)
+        if self._live is None:
+            self.console.print(f"loadertune: {text}", highlight=False, soft_wrap=True)
+        self._refresh()
+
     def trial_finished(self, result: TrialResult, best: TrialResult | None) -> None:
         self._best = best
         self._current = None
@@ -130,9 +137,7 @@ class LiveView:
 def _column(
     kwargs: dict[str, Any] | None, fig: dict[str, Any] | None, diag: dict[str, Any] | None
 ) -> list[str]:
-    setting = (
-        Config.from_kwargs(kwargs).label() if kwargs and "batch_size" in kwargs else str(kwargs)
-    )
+    setting = kwargs_label(kwargs) if kwargs else "-"
     fig = fig or {}
     cpu, cpu_w, gpu = (
         fig.get("cpu_percent_main"),
@@ -244,6 +249,12 @@ def summary_lines(rec: Recommendation | Mapping[str, Any]) -> list[str]:
     entry = rec if isinstance(rec, Mapping) else rec.to_entry()
     lines = []
     diag = entry.get("diagnosis") or {}
+    tuned = _tuned_line(entry)
+    if tuned:
+        lines.append(tuned)
+    workload = entry.get("workload") or {}
+    if workload.get("batch_size_fixed"):
+        lines.append(f"batch size left out of the search: {workload['batch_size_fixed']}")
     speedup = entry.get("speedup")
     if speedup is not None:
         verdict = (
@@ -292,6 +303,22 @@ def summary_lines(rec: Recommendation | Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _tuned_line(entry: Mapping[str, Any]) -> str | None:
+    """Which loader of a script was tuned (see :func:`loadertune.trials.identity.target_line`)."""
+    w = entry.get("workload") or {}
+    if w.get("kind") != "script" or not w.get("call_site"):
+        return None
+    return "tuned: " + target_line(
+        index=w.get("loader_index"),
+        call_site=w["call_site"],
+        dataset=w.get("dataset"),
+        batch_size=((entry.get("baseline") or {}).get("loader_kwargs") or {}).get("batch_size"),
+        chosen_by=w.get("chosen_by"),
+        rebuilt=bool(w.get("rebuilt_by_framework")),
+        recreated=bool(w.get("recreated_each_epoch")),
+    )
+
+
 def trials_table(trials: list[TrialResult]) -> Table:
     table = Table(title="trials", title_justify="left")
     for col in ("#", "phase", "setting", "samples/s", "per epoch", "blocked", "status"):
@@ -321,6 +348,13 @@ def print_summary(
     console.print(summary_table(rec))
     for line in summary_lines(rec):
         console.print(line, highlight=False, soft_wrap=True)
+    sampler = (
+        ""
+        if "batch_size" in rec.loader_kwargs
+        else "  (your batch_sampler keeps deciding the batch size)"
+    )
     console.print(
-        f"use: DataLoader(dataset, **{rec.loader_kwargs})", highlight=False, soft_wrap=True
+        f"use: DataLoader(dataset, **{rec.loader_kwargs}){sampler}",
+        highlight=False,
+        soft_wrap=True,
     )

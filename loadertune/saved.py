@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from loadertune import hardware, store
-from loadertune.config import Config
 from loadertune.errors import (
     NoRecommendationError,
     RecommendationFileError,
@@ -18,7 +18,15 @@ from loadertune.errors import (
 )
 
 if TYPE_CHECKING:
-    from loadertune.trials.patch import Apply, ApplyEach
+    from loadertune.trials.apply import ApplySaved
+
+
+def current_world_size() -> int:
+    """This process's world size, as torch's launcher says it (1 outside a launcher)."""
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
 
 
 def load_recommendation(
@@ -34,7 +42,9 @@ def load_recommendation(
         hardware_key: another machine's key (default: this machine's).
         workload: which workload's entry, when the file holds several for the machine: the
             dataset you tuned (its type picks the entry), or a workload key as ``loadertune
-            show`` prints it (``"script train.py:42"``). None: the machine's only entry.
+            show`` prints it (``"script train.py:42"``). None: the machine's only entry, or
+            its only entry for this world size (``$WORLD_SIZE``, set by torch's launcher; with
+            a warning, the nearest size tuned when this one was not).
 
     Raises:
         NoRecommendationError: no entry for the machine, or for the workload (the message lists
@@ -51,20 +61,29 @@ def load_recommendation(
         workload = store.workload_key(
             {"kind": "dataset", "dataset": f"{kind.__module__}.{kind.__qualname__}"}
         )
+    if workload is None:  # several entries: the one for this world size, if it is one
+        picked, warning = store.for_world_size(store.entries_for(path, key), current_world_size())
+        if warning:
+            warnings.warn(warning, stacklevel=2)
+        if len(picked) == 1:
+            (workload,) = picked
     return dict(store.entry_for(path, key, workload)["loader_kwargs"])
 
 
 def apply_saved(
     script: str | os.PathLike[str], path: str | os.PathLike[str], report: Callable[[str], None]
-) -> Apply | ApplyEach:
-    """The controller applying this machine's entries for ``script``: one loader's (by its
-    order of creation), or several loaders' (each by its call site)."""
-    from loadertune.trials.patch import Apply, ApplyEach
+) -> ApplySaved:
+    """The controller applying this machine's entries for ``script``, each to the loader it was
+    measured on (its key, call site and dataset)."""
+    from loadertune.trials.apply import ApplySaved, SavedEntry
 
     workloads = store.entries_for(path, hardware.current_key())
     mine = store.of_script(workloads, script, file=path)
     if not mine and set(workloads) == {store.UNKNOWN_WORKLOAD}:
         mine = workloads  # an entry that does not say what it was measured on
+    mine, warning = store.for_world_size(mine, current_world_size())
+    if warning:
+        report(f"loadertune: {warning}")
     if not mine:
         name = store.script_name(script, file=path)
         raise NoRecommendationError(
@@ -72,23 +91,17 @@ def apply_saved(
             f"workloads only: {'; '.join(sorted(workloads))}. "
             f"Run `loadertune search {script}` to add one."
         )
-    each = []
+    entries = []
     for wkey, entry in sorted(mine.items()):
         problem = store.entry_problem(entry)
         if problem is not None:
             raise RecommendationFileError(f"{path}: the entry for {wkey} {problem}.")
-        workload = entry.get("workload")
-        workload = workload if isinstance(workload, dict) else {}
-        each.append(
-            Apply(
-                # Without "batch_size" in the entry, the script's batch sampler decides.
-                Config.from_kwargs(entry["loader_kwargs"], batch_size=1),
-                index=int(workload.get("loader_index") or 1),
-                expected_site=workload.get("call_site"),
-                report=report,
-            )
-        )
-    return each[0] if len(each) == 1 else ApplyEach(each)
+        entries.append(SavedEntry.from_entry(wkey, entry))
+    return ApplySaved(entries, report=report)
+
+
+def _quiet(line: str) -> None:
+    pass
 
 
 def run_script(
@@ -97,20 +110,28 @@ def run_script(
     *,
     path: str | os.PathLike[str] = "loadertune.json",
     report: Callable[[str], None] = print,
+    nproc_per_node: int | None = None,
 ) -> int:
-    """Run a training script for real with this machine's saved settings for it applied to its
-    loader (or loaders, when several were tuned).
+    """Run a training script for real with this machine's saved settings for it applied to the
+    loaders they were measured on.
 
     Prints (through ``report``) what was applied, or why nothing was: an entry for another
-    workload only (another script) is never applied. Returns the script's exit status; the
-    script's own exceptions propagate.
+    workload only (another script) is never applied, nor an entry to a loader that is not the
+    one it was measured on (another call site, dataset or way of creating it). Returns the
+    script's exit status; the script's own exceptions propagate. With ``nproc_per_node``, the
+    script runs as ``torchrun --standalone --nproc-per-node N`` runs it, each rank with the
+    entry for that world size applied (rank 0 reports).
     """
     from loadertune.errors import LoadertuneError
     from loadertune.trials.child import run_as_main
-    from loadertune.trials.patch import ApplyEach, patched
+    from loadertune.trials.patch import patched
     from loadertune.trials.script import check_script
 
     check_script(script)
+    if nproc_per_node is not None:
+        return _run_ranks(script, args, path=path, nproc_per_node=nproc_per_node)
+    if os.environ.get("RANK", "0") != "0":  # a rank of torch's launcher: rank 0 speaks for all
+        report = _quiet
     controller = None
     try:
         controller = apply_saved(script, path, report)
@@ -121,19 +142,46 @@ def run_script(
             run_as_main(str(script), list(args))
         else:
             with patched(controller):
-                run_as_main(str(script), list(args))
-                for apply in controller.each if isinstance(controller, ApplyEach) else [controller]:
-                    if apply.applied is None:
-                        which = (
-                            f"at {apply.expected_site}"
-                            if isinstance(controller, ApplyEach)
-                            else f"#{apply.index}"
-                        )
-                        report(f"loadertune: the script created no DataLoader {which}; not applied")
+                try:
+                    run_as_main(str(script), list(args))
+                finally:
+                    for line in controller.unapplied():
+                        report(line)
     except SystemExit as exc:
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else 1)
     return 0
+
+
+def _run_ranks(
+    script: str | os.PathLike[str],
+    args: Sequence[str],
+    *,
+    path: str | os.PathLike[str],
+    nproc_per_node: int,
+) -> int:
+    """``loadertune run`` in each rank of torch's launcher."""
+    import subprocess
+    import sys
+
+    from loadertune.trials.launch import PARENT_ENV
+
+    command = [
+        sys.executable,
+        "-m",
+        "loadertune.trials.launch",
+        "--standalone",
+        f"--nproc-per-node={nproc_per_node}",
+        "--module",
+        "loadertune",
+        "run",
+        "--file",
+        str(path),
+        str(script),
+        "--",
+        *args,
+    ]
+    return subprocess.call(command, env={**os.environ, PARENT_ENV: str(os.getpid())})
 
 
 def save_partial(

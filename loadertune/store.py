@@ -142,13 +142,41 @@ def workload_key(workload: object, *, file: str | os.PathLike[str] | None = None
     if kind != "script" or not isinstance(workload.get("script"), str):
         return UNKNOWN_WORKLOAD
     script = script_name(workload["script"], file=file)
+    size = world_size(workload)
+    ranks = f" [{size} ranks]" if size > 1 else ""
     site = workload.get("call_site")
     if not isinstance(site, str) or ":" not in site:
-        return f"script {script}"
+        return f"script {script}{ranks}"
     site_file, _, line = site.rpartition(":")
     if os.path.basename(site_file) == os.path.basename(script):
-        return f"script {script}:{line}"
-    return f"script {script} @ {os.path.basename(site_file)}:{line}"
+        return f"script {script}:{line}{ranks}"
+    return f"script {script} @ {os.path.basename(site_file)}:{line}{ranks}"
+
+
+def world_size(workload: object) -> int:
+    """The ranks a workload was tuned with (``torchrun --nproc-per-node``; 1 when not said)."""
+    size = workload.get("world_size") if isinstance(workload, dict) else None
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 1
+
+
+def for_world_size(workloads: dict[str, Any], size: int) -> tuple[dict[str, Any], str | None]:
+    """The entries of ``workloads`` tuned at ``size`` ranks, and None; when there are none, the
+    entries of the nearest size tuned, and a warning that says so."""
+
+    def size_of(entry: object) -> int:
+        return world_size(entry.get("workload") if isinstance(entry, dict) else None)
+
+    same = {k: e for k, e in workloads.items() if size_of(e) == size}
+    if same or not workloads:
+        return same, None
+    sizes = sorted({size_of(e) for e in workloads.values()})
+    nearest = min(sizes, key=lambda s: (abs(s - size), s))
+    warning = (
+        f"no entry was tuned at world size {size} (only at {', '.join(map(str, sizes))}); "
+        f"using the one tuned at {nearest}: its workers per rank assume {nearest} ranks "
+        f"sharing the machine. Tune at this size: loadertune search --nproc-per-node {size}"
+    )
+    return {k: e for k, e in workloads.items() if size_of(e) == nearest}, warning
 
 
 def of_script(

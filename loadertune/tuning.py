@@ -31,8 +31,10 @@ from loadertune.trials import TrialResult
 if TYPE_CHECKING:  # torch's DataLoader machinery is imported when a tuning starts
     from torch.utils.data import DataLoader
 
+    from loadertune.trials.apply import ApplySaved, SavedEntry
     from loadertune.trials.hotswap import HotSwap
-    from loadertune.trials.patch import Apply, ApplyEach, LoaderRecord, OriginalIter
+    from loadertune.trials.identity import LoaderRecord
+    from loadertune.trials.patch import OriginalIter
 
 Report = Callable[[str], None]
 
@@ -148,7 +150,8 @@ class Tuner:
 
     def _found(self) -> dict[str, Any]:
         info = self.runner.loader_info
-        return {k: info.get(k) for k in ("loader_index", "call_site", "dataset", "epoch_samples")}
+        keys = ("loader_index", "call_site", "key", "dataset", "epoch_samples")
+        return {k: info.get(k) for k in keys}
 
     def _save_partial(self, exc: SearchInterrupted) -> None:
         try:
@@ -251,10 +254,17 @@ def _settings(settings: SearchSettings | None, budget_s: float, study: str) -> S
 
 class _TuneScript:
     """The patch controller of ``loadertune run --tune``: the saved settings (if any) applied
-    where the script creates its loaders, and the target loader tuned when first iterated."""
+    where the script creates its loaders, and the target loader tuned when first iterated: the
+    one ``index`` names, else the saved entry's loader (``entry``), else the first iterated."""
 
-    def __init__(self, tuner: Tuner, apply: Apply | ApplyEach | None, index: int | None) -> None:
-        self.tuner, self.apply, self.index = tuner, apply, index
+    def __init__(
+        self,
+        tuner: Tuner,
+        apply: ApplySaved | None,
+        index: int | None,
+        entry: SavedEntry | None = None,
+    ) -> None:
+        self.tuner, self.apply, self.index, self.entry = tuner, apply, index, entry
         self.target: LoaderRecord | None = None
 
     def on_create(self, record: LoaderRecord, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -263,14 +273,19 @@ class _TuneScript:
     def on_iter(
         self, loader: DataLoader[Any], record: LoaderRecord, original: OriginalIter
     ) -> Iterator[Any]:
-        if self.target is None and (self.index is None or record.index == self.index):
+        if self.target is None and self._names(record):
             self.target = record
             self.tuner.runner.loader_info.update(
-                loader_index=record.index, call_site=record.call_site
+                loader_index=record.index, call_site=record.call_site, key=list(record.identity)
             )
         if record != self.target:
             return original(loader)
         return self.tuner.epoch(loader, original)
+
+    def _names(self, record: LoaderRecord) -> bool:
+        if self.index is not None:
+            return record.index == self.index
+        return self.entry is None or self.entry.differs(record) is None
 
 
 def run_script_tuned(
@@ -292,19 +307,18 @@ def run_script_tuned(
     own exceptions propagate.
     """
     from loadertune.trials.child import run_as_main
-    from loadertune.trials.patch import Apply, patched
+    from loadertune.trials.patch import patched
     from loadertune.trials.script import check_script
 
     check_script(script)
     if not budget_s > 0:
         raise ConfigError(f"budget_s must be > 0 seconds, but got {budget_s=}.")
-    apply: Apply | ApplyEach | None = None
+    apply: ApplySaved | None = None
     try:
         apply = saved.apply_saved(script, path, report)
     except LoadertuneError as exc:
         report(f"loadertune: starting with the script's own settings: {exc}")
-    if loader is None and isinstance(apply, Apply):
-        loader = apply.index
+    entry = apply.entries[0] if apply is not None and len(apply.entries) == 1 else None
     sizes = () if batch_size is None else normalize_batch_sizes(batch_size)
     ident = hashlib.sha1(
         f"{os.path.abspath(script)}|{list(args)}|{loader}|{list(sizes)}".encode()
@@ -317,7 +331,7 @@ def run_script_tuned(
         report=report,
     )
     try:
-        with patched(_TuneScript(tuner, apply, loader)):
+        with patched(_TuneScript(tuner, apply, loader, entry)):
             run_as_main(str(script), list(args))
     except SystemExit as exc:
         code = exc.code

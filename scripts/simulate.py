@@ -486,6 +486,9 @@ class SimRunner(BaseRunner):
     clock (``run_many`` is the base class's: one ``run`` after the other)."""
 
     user_error = UserCodeError
+    batch_size_fixed = None
+    loader_recreated = False
+    target_note = None
 
     def __init__(self, w: Workload, mode: str, clock: FakeClock, rng: np.random.Generator) -> None:
         self.w, self.mode, self.clock, self.rng = w, mode, clock, rng

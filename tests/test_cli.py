@@ -222,6 +222,17 @@ def test_run_without_an_entry_runs_unchanged_and_says_why(tmp_path: Path) -> Non
     assert "running without changes" in proc.stderr and "some-other-machine" in proc.stderr
 
 
+def test_run_tune_with_nproc_per_node_is_a_usage_error(tmp_path: Path) -> None:
+    out = tmp_path / "rec.json"
+    proc = loadertune(
+        "run", "--tune", "--nproc-per-node", "2", str(SCRIPTS / "short.py"), "--file", str(out)
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "--tune runs in one training process" in proc.stderr
+    assert "loadertune search --nproc-per-node N SCRIPT" in proc.stderr
+    assert not out.exists()
+
+
 def test_run_returns_the_scripts_exit_status(tmp_path: Path) -> None:
     script = tmp_path / "exit3.py"
     script.write_text("raise SystemExit(3)\n")

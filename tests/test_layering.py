@@ -32,6 +32,7 @@ RANKS = {
     "loadertune.doctor": 9,
     "loadertune.tuning": 10,  # runs searches (api) and saved settings (saved)
     "loadertune.cli": 11,
+    "loadertune.integrations": 11,  # each imports its framework (an optional dependency)
     "loadertune": 12,  # the package's __init__: the public face
     "loadertune.__main__": 13,
 }

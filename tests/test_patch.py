@@ -10,9 +10,7 @@ from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
 from loadertune.config import Config
 from loadertune.trials.loader import apply_settings
-from loadertune.trials.patch import Apply, LoaderRecord, matches_site, patched
-
-from workloads import TensorDataset
+from loadertune.trials.patch import LoaderRecord, matches_site, patched
 
 
 class Recorder:
@@ -72,24 +70,6 @@ def test_the_patch_is_undone() -> None:
     assert (DataLoader.__init__, DataLoader.__iter__) == original
 
 
-def test_apply_changes_only_the_chosen_loader() -> None:
-    lines: list[str] = []
-    controller = Apply(
-        Config(8, 2, 4, persistent_workers=True),
-        index=2,
-        expected_site="elsewhere.py:1",
-        report=lines.append,
-    )
-    with patched(controller):
-        first = DataLoader(TensorDataset(n=32), batch_size=2)
-        second = DataLoader(TensorDataset(n=32), batch_size=2, shuffle=True)
-    assert (first.batch_size, first.num_workers) == (2, 0)
-    assert (second.batch_size, second.num_workers, second.prefetch_factor) == (8, 2, 4)
-    assert second.persistent_workers
-    assert controller.applied is not None and controller.applied.index == 2
-    assert len(lines) == 1 and "measured on the loader at elsewhere.py:1" in lines[0]
-
-
 def test_apply_settings_keeps_every_combination_valid() -> None:
     args = {
         "dataset": None,
@@ -121,3 +101,33 @@ def test_apply_settings_keeps_every_combination_valid() -> None:
 )
 def test_matches_site(site: str, wanted: str, ok: bool) -> None:
     assert matches_site(site, wanted) is ok
+
+
+def test_a_batch_sampler_is_rebuilt_with_the_trials_batch_size_where_its_type_allows() -> None:
+    from loadertune.trials.loader import batch_size_fixed, epoch_samples
+
+    sampler = BatchSampler(SequentialSampler(range(100)), batch_size=10, drop_last=False)
+    out = apply_settings({"dataset": list(range(100)), "batch_sampler": sampler}, Config(32, 0))
+    assert out["batch_sampler"].batch_size == 32 and sampler.batch_size == 10  # a copy
+    loader = DataLoader(**out)
+    assert [len(b) for b in loader] == [32, 32, 32, 4]
+    assert epoch_samples(loader) == 100  # known from the batch sampler: persistence is tried
+
+    class Buckets(BatchSampler):  # a subclass may batch by other rules: not rebuilt
+        pass
+
+    custom = Buckets(SequentialSampler(range(100)), batch_size=10, drop_last=False)
+    assert "cannot rebuild it" in (batch_size_fixed(custom) or "")
+    kept = apply_settings({"dataset": None, "batch_sampler": custom}, Config(32, 0))
+    assert kept["batch_sampler"] is custom
+
+
+def test_accelerates_shard_of_a_batch_sampler_is_rebuilt_around_a_resized_one() -> None:
+    shard_type = pytest.importorskip("accelerate.data_loader").BatchSamplerShard
+    inner = BatchSampler(SequentialSampler(range(64)), batch_size=8, drop_last=False)
+    shard = shard_type(inner, num_processes=2, process_index=1)
+    out = apply_settings({"dataset": list(range(64)), "batch_sampler": shard}, Config(16, 0))
+    new = out["batch_sampler"]
+    assert type(new) is shard_type and new.batch_size == 16 and new.process_index == 1
+    assert [len(b) for b in new] == [16, 16]  # rank 1's half of 64 samples in batches of 16
+    assert shard.batch_size == 8  # the original is untouched

@@ -226,7 +226,8 @@ def test_summary_table_sets_baseline_beside_winner() -> None:
 
 
 def test_summary_table_without_batch_size_in_kwargs() -> None:
-    """A script's own batch size is hidden from the kwargs; the table shows them as they are."""
+    """A batch sampler decides the batch (no batch_size in the kwargs): the table labels the
+    setting as any other, not as a raw dict (issue 11)."""
     kwargs = {
         "num_workers": 4,
         "prefetch_factor": 2,
@@ -234,7 +235,8 @@ def test_summary_table_without_batch_size_in_kwargs() -> None:
         "persistent_workers": False,
     }
     text = _render(summary_table(_recommendation(loader_kwargs=kwargs)))
-    assert "'num_workers': 4" in text
+    assert "bs=sampler w=4 pf=2" in text
+    assert "{" not in text and "bs=1" not in text
 
 
 def test_print_summary_names_the_machine_above_the_table() -> None:

@@ -160,6 +160,12 @@ def test_many_settings_run_in_one_process_and_each_epoch_holds_every_sample_once
     assert base.ok and all(r.ok for r in results), [r.failure for r in results]
     assert [r.config for r in results] == SWAPPED
     assert [r.epoch_samples for r in results] == [600] * 4
+    # each swapped setting says what its own loader ran with, and the search checked it
+    ran = [r.extra["ran"] for r in results]
+    assert [x["workers_started"] for x in ran] == [c.num_workers for c in SWAPPED]
+    assert [max(x["batch_lengths"]) for x in ran] == [c.batch_size for c in SWAPPED]
+    assert [x["settings"] for x in ran] == [c.loader_kwargs() for c in SWAPPED]
+    assert len({x["pid"] for x in ran}) == 1
     assert results[1].resources is not None and results[3].resources is not None
     assert (results[1].resources.n_workers, results[3].resources.n_workers) == (0, 3)
     epochs = [json.loads(line) for line in out.read_text().splitlines()]

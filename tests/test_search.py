@@ -31,6 +31,9 @@ class FakeRunner(BaseRunner):
 
     in_process = True
     uses_cuda = False
+    batch_size_fixed = None
+    loader_recreated = False
+    target_note = None
     user_error = UserCodeError
 
     def __init__(

@@ -462,3 +462,17 @@ def test_concurrent_saves_from_two_processes_both_land(tmp_path: Path) -> None:
         assert entry["loader_kwargs"] == {"batch_size": _N_SAVES}
     assert _flat(doc)["machine-a"]["pid"] != _flat(doc)["machine-b"]["pid"]
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_entries_are_picked_for_the_world_size() -> None:
+    one = {"loader_kwargs": {"num_workers": 4}, "workload": {"kind": "script", "script": "t.py"}}
+    two = {"loader_kwargs": {"num_workers": 2}, "workload": {"kind": "script", "world_size": 2}}
+    entries = {"script t.py:3": one, "script t.py:3 [2 ranks]": two}
+    assert store.for_world_size(entries, 2) == ({"script t.py:3 [2 ranks]": two}, None)
+    assert store.for_world_size(entries, 1)[0] == {"script t.py:3": one}
+    picked, warning = store.for_world_size(entries, 4)
+    assert picked == {"script t.py:3 [2 ranks]": two}
+    assert warning is not None and "world size 4" in warning and "--nproc-per-node 4" in warning
+    assert store.workload_key({**two["workload"], "script": "t.py", "call_site": "t.py:3"}) == (
+        "script t.py:3 [2 ranks]"
+    )

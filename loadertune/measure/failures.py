@@ -47,6 +47,7 @@ class FailureKind(str, Enum):
     NO_BATCHES = "no_batches"
     NO_LOADER = "no_loader"
     SCRIPT_ENDED = "script_ended"
+    NOT_APPLIED = "not_applied"  # the loader ran with other settings than the trial's
 
     def __str__(self) -> str:
         return self.value

@@ -160,6 +160,13 @@ class Search:
                 why = base.failure.message if base.failure else "it reported no loader"
                 raise LoadertuneError(f"could not measure the workload's own settings: {why}")
             self._baseline = base.config
+            if self.observer and self.runner.target_note:
+                self.observer.note(self.runner.target_note)
+            fixed = self.runner.batch_size_fixed
+            if fixed and len(self.batch_sizes) > 1:
+                self._batch_sizes = ()
+                if self.observer:
+                    self.observer.note(f"batch size left out of the search: {fixed}")
         return base
 
     def _probe(self) -> tuple[TrialResult, TrialResult | None, TrialResult | None]:
@@ -226,7 +233,8 @@ class Search:
             settings=self.settings,
             batch_sizes=self.batch_sizes,
             uses_cuda=self.runner.uses_cuda,
-            epoch_samples=self.runner.epoch_samples,
+            # a loader created again at each epoch keeps no workers between epochs
+            epoch_samples=None if self.runner.loader_recreated else self.runner.epoch_samples,
             bytes_per_sample=self.runner.bytes_per_sample,
             persistent_workers=self.baseline.persistent_workers,
             ram_budget_bytes=self._memory_budget,

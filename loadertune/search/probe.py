@@ -265,14 +265,17 @@ def space_for(
     """The space the probe's trials call for: the worker range from what loading waits for
     (see :func:`~loadertune.search.space.worker_cap`), pinning only with CUDA,
     ``persistent_workers`` only with a known epoch length, batches in flight within the share of
-    ``/dev/shm`` the settings allow."""
+    ``/dev/shm`` the settings allow. With several ranks (``settings.ranks``), each rank's loader
+    gets its share of the CPUs, the RAM budget and ``/dev/shm``."""
     m0 = w0.measurement
     io_bound = m0 is not None and (m0.blocked_cpu_fraction or 1.0) < IO_BOUND_CPU_FRACTION
+    ranks = settings.ranks
+    cpus = max(1, hw.usable_cpus // ranks)
     cap, limits = worker_cap(
-        usable_cpus=hw.usable_cpus,
+        usable_cpus=cpus,
         io_bound=io_bound,
-        workers_needed=workers_to_feed(w0, replay, hw.usable_cpus),
-        ram_budget_bytes=ram_budget_bytes,
+        workers_needed=workers_to_feed(w0, replay, cpus),
+        ram_budget_bytes=ram_budget_bytes // ranks if ram_budget_bytes else None,
         worker_pss_bytes=w1.resources.worker_pss_bytes if w1 and w1.resources else None,
         open_files_limit=hw.open_files_limit,
         user_max=settings.max_workers,
@@ -282,7 +285,7 @@ def space_for(
         max_workers=cap,
         pin_memory=(False, True) if uses_cuda else (False,),
         persistent_workers=(False, True) if epoch_samples else (persistent_workers,),
-        max_in_flight_bytes=settings.shm_fraction * hw.shm_free_bytes
+        max_in_flight_bytes=settings.shm_fraction * hw.shm_free_bytes / ranks
         if hw.shm_free_bytes
         else None,
         bytes_per_sample=bytes_per_sample,

@@ -35,6 +35,9 @@ class SearchSettings:
         study_name: name of the study in that storage; the same name resumes it (None: the
             API derives one from the workload, so each workload keeps its own study).
         resume: continue an existing study of that name (False: start it afresh).
+        ranks: processes that each run the loader side by side (``torchrun --nproc-per-node``):
+            the CPUs, the RAM budget and ``/dev/shm`` that bound the workers are divided among
+            them.
     """
 
     budget_s: float = 60.0
@@ -54,6 +57,7 @@ class SearchSettings:
     storage: str | None = None
     study_name: str | None = None
     resume: bool = True
+    ranks: int = 1
 
     def __post_init__(self) -> None:
         if not (
@@ -78,6 +82,8 @@ class SearchSettings:
             )
         if not 0 <= self.memory_margin < 1:
             raise ConfigError(f"memory_margin must be in [0, 1), but got {self.memory_margin=}.")
+        if not isinstance(self.ranks, int) or self.ranks < 1:
+            raise ConfigError(f"ranks must be an int >= 1, but got {self.ranks=}.")
         if self.confirm_rounds < 1 or self.finalists < 1 or self.patience < 1:
             raise ConfigError("confirm_rounds, finalists and patience must be >= 1.")
 

@@ -13,8 +13,10 @@ Each name, what it is used for, and what happens if it changes:
   workers now. If gone: workers stop only at GC.
 - ``_MultiProcessingDataLoaderIter._index_queues`` and ``._worker_result_queue``: close the
   queues after a failed shutdown. If gone: a feeder thread may block interpreter exit.
-- ``_MultiProcessingDataLoaderIter._workers``: dead workers' exit codes (the killing signal).
-  If gone: a killed worker is reported without its signal (a vaguer cause).
+- ``_MultiProcessingDataLoaderIter._workers``: dead workers' exit codes (the killing signal),
+  and how many workers a trial's loader really started. If gone: a killed worker is reported
+  without its signal (a vaguer cause), and a trial reports no workers started (it fails as
+  "settings not applied": loudly, not wrongly).
 - ``_MultiProcessingDataLoaderIter._try_get_data`` (a frame name): where torch waits for a
   batch, the one safe place to raise a dead worker's report. If renamed: reports are put off to
   the next safe place (slower failure detection).
@@ -328,6 +330,13 @@ def iterators_in(error: BaseException | None) -> list[object]:
             tb = tb.tb_next
         error = error.__cause__ or error.__context__
     return list(found.values())
+
+
+def workers_started(iterator: object) -> int:
+    """How many worker processes a DataLoader iterator started (0 without workers)."""
+    if not isinstance(iterator, _MultiProcessingDataLoaderIter):
+        return 0
+    return len(getattr(iterator, "_workers", None) or ())
 
 
 def dead_worker_signals(iterator: object) -> tuple[int, ...]:

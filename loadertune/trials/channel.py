@@ -8,7 +8,9 @@ in :mod:`loadertune.trials.messages`.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import select
 import socket
 import time
@@ -34,6 +36,14 @@ class Channel:
     @classmethod
     def from_fd(cls, fd: int) -> Channel:
         return cls(socket.socket(fileno=fd))
+
+    @classmethod
+    def connect(cls, path: str) -> Channel:
+        """Connect to a :class:`Listener` at ``path`` (a rank of a distributed trial, which
+        torch's launcher starts without inherited descriptors)."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(path)
+        return cls(sock)
 
     def send(self, msg: Mapping[str, Any]) -> bool:
         """Send ``msg``; False if the other end is gone."""
@@ -78,6 +88,35 @@ class Channel:
             out.append(msg)
         return out
 
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
     def close(self) -> None:
         self.closed = True
         self._sock.close()
+
+
+class Listener:
+    """A Unix socket in ``folder`` that the ranks of a distributed trial connect to."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.bind(path)
+        self._sock.listen(64)
+
+    def accept(self, timeout: float) -> Channel | None:
+        """A new connection, or None if none came within ``timeout``."""
+        ready, _, _ = select.select([self._sock], [], [], timeout)
+        if not ready:
+            return None
+        conn, _ = self._sock.accept()
+        return Channel(conn)
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def close(self) -> None:
+        self._sock.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)

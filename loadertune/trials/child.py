@@ -34,9 +34,11 @@ from loadertune.trials import _torch_internals as _internals
 from loadertune.trials import hotswap, lifeline, messages
 from loadertune.trials import loader as dl
 from loadertune.trials.channel import Channel
-from loadertune.trials.patch import LoaderRecord, OriginalIter, matches_site, patched
-from loadertune.trials.runner import window_for
+from loadertune.trials.identity import LoaderRecord, same_key
+from loadertune.trials.metered import HeldSink, Metered
+from loadertune.trials.patch import OriginalIter, patched
 from loadertune.trials.sequence import ChannelConductor, result_message
+from loadertune.trials.target import FeedWatch, Selector, optimizer_exists
 
 SPEC_ENV = "LOADERTUNE_TRIAL"
 _LINGER_S = 60  # after the result, until the parent kills the group (it does long before)
@@ -59,53 +61,64 @@ class ChannelSink:
         return not self.stop
 
 
-class _Epoch:
-    """Calls DataLoader's own ``__iter__`` when the meter asks for the epoch's iterator."""
-
-    def __init__(self, original: OriginalIter, loader: DataLoader[Any]) -> None:
-        self._original, self._loader = original, loader
-
-    def __iter__(self) -> Iterator[Any]:
-        return self._original(self._loader)
-
-
 class TrialController:
     """Applies the trial's settings to the target loader and meters the script's loop over it.
 
-    The target is the loader with ``spec["index"]`` (order of creation), or created at
-    ``spec["call_site"]``, or, when neither is given, the first loader the script iterates.
+    The target is named by the spec (``key``, ``index`` or ``call_site``: see
+    :class:`~loadertune.trials.target.Selector`), or else found: the loader that feeds the
+    optimizer (:class:`~loadertune.trials.target.FeedWatch`). Every loader of the target's key
+    gets the settings, also one a framework rebuilt from it and one created again at each epoch,
+    and all of them are metered as one.
+
+    Many settings in one process: when the target is known before it is iterated (named by the
+    spec), the spec allows it (``hot_swap``), the loader can change setting mid-epoch
+    (:func:`~loadertune.trials.hotswap.why_not`) and this is not a rank of a distributed trial,
+    its epochs go through a :class:`~loadertune.trials.hotswap.HotSwap` that takes each setting
+    from the search (:class:`~loadertune.trials.sequence.ChannelConductor`). Else one setting per
+    process, as the LoaderMsg's ``one_setting_only`` says.
     """
 
     def __init__(self, spec: dict[str, Any], chan: Channel) -> None:
         self.spec = spec
         self.chan = chan
         self.config = Config.from_kwargs(spec["overrides"]) if spec.get("overrides") else None
-        self.target: LoaderRecord | None = None
-        self.meter: Meter | None = None
+        self.selector = Selector(spec)
+        self.rank: int | None = spec.get("rank")
+        self.target_key: tuple[str, ...] | None = self.selector.key
+        self.target: Metered | None = None
         self.sink = ChannelSink(chan)
-        self.loader: DataLoader[Any] | None = None
         self.bytes_per_sample: float | None = None
         self.transfer: dict[str, float] | None = None
-        self._original: OriginalIter | None = None
+        self._candidates: dict[tuple[str, ...], Metered] = {}
         self.swap: hotswap.HotSwap | None = None  # many settings in this process
         self.conductor: ChannelConductor | None = None
+        self._swap_loaders: list[int] = []  # the index of each script loader the swap served
         self._script_batch_size: dict[int, Any] = {}  # per loader, as the script built it
-        self._created: list[str] = []  # call sites, in order of creation
+        self._records: list[LoaderRecord] = []  # in order of creation
+        self._chosen_by = "--loader" if self.selector.named else ""
+        self.watch = None if self.selector.named else FeedWatch(self._fed)
+
+    @property
+    def loader(self) -> DataLoader[Any] | None:
+        return self.target.loader if self.target is not None else None
+
+    @property
+    def meter(self) -> Meter | None:
+        return self.target.meter if self.target is not None else None
 
     def _is_target(self, record: LoaderRecord) -> bool:
-        if self.target is not None:
-            return record == self.target
-        if self.spec.get("index") is not None:
-            return record.index == self.spec["index"]
-        if self.spec.get("call_site"):
-            return matches_site(record.call_site, self.spec["call_site"])
-        return False
+        if self.target_key is not None:
+            return same_key(record.identity, self.target_key)
+        return self.selector.names(record)
 
     def on_create(self, record: LoaderRecord, arguments: dict[str, Any]) -> dict[str, Any]:
         arguments = lifeline.wrap_worker_init(arguments)  # every loader's workers die with us
         self._script_batch_size[record.index] = arguments.get("batch_size", 1)
-        self._created.append(record.call_site)
-        if self.config is None or not self._is_target(record):
+        self._records.append(record)
+        if not self._is_target(record):
+            return arguments
+        self.target_key = record.identity  # its re-creations and rebuilt copies are the target too
+        if self.config is None:
             return arguments
         out = dl.apply_settings(arguments, self.config)
         if self.config.num_workers and not out.get("timeout"):
@@ -115,83 +128,167 @@ class TrialController:
     def on_iter(
         self, loader: DataLoader[Any], record: LoaderRecord, original: OriginalIter
     ) -> Iterator[Any]:
-        if self.target is None and (
-            self._is_target(record)
-            or (self.spec.get("index") is None and not self.spec.get("call_site"))
-        ):
-            self._start(loader, record, original)
-        if record != self.target:
+        if self.target_key is None and self.watch is not None and self.watch.fed is None:
+            return self._candidate_epoch(loader, record, original)
+        if self.target_key is None or not same_key(record.identity, self.target_key):
             return original(loader)
+        meter = self.meter
+        if self.swap is None and self.conductor is not None and meter is not None and meter.done:
+            # the first setting was measured on the loader as it ran: segments load from now on
+            assert self.target is not None  # (its persistent workers go)
+            _internals.shut_down(_internals.live_iterator(self.target.loader))
+            self.swap = hotswap.HotSwap(loader, self.conductor, fall_back=False)
         if self.swap is not None:
-            return self.swap.epoch()
-        if self.meter is None:
-            return original(loader)
+            return self._swap_epoch(loader, record)
+        if self.target is None:
+            self._start(self._metered(loader, record, original, sink=self.sink))
+            if self.swap is not None:
+                return self._swap_epoch(loader, record)
+        assert self.target is not None
         why = dl.why_no_batches(loader)
         if why is not None:  # say so, rather than "ended before its first batch" or a
-            self._no_batches(why, record)  # StopIteration from next(iter(loader)) in the script
+            self._no_batches(why, record, loader)  # StopIteration from next(iter(loader))
         if self.spec["phase"] == "replay":
             first = next(original(loader))
             self.bytes_per_sample = dl.bytes_per_sample(first)
             self.transfer = dl.transfer_rates(first)
-            return self.meter.wrap(dl.Repeat(first))
-        return self.meter.wrap(_Epoch(original, loader))
+            return self.target.replay(first)
+        return self.target.epoch(loader, record, original)
 
-    def _start(self, loader: DataLoader[Any], record: LoaderRecord, original: OriginalIter) -> None:
-        self.target, self.loader, self._original = record, loader, original
-        settings = dl.settings_of(loader)
+    def _swap_epoch(self, loader: DataLoader[Any], record: LoaderRecord) -> Iterator[Any]:
+        """The HotSwap's epoch; a loader of the key created again (the search then knows it is
+        re-created and runs one setting per process) serves the next epochs' order."""
+        assert self.swap is not None
+        if record.index not in self._swap_loaders:
+            self._swap_loaders.append(record.index)
+        self.swap.loader = loader
+        return self.swap.epoch()
+
+    def _metered(
+        self, loader: DataLoader[Any], record: LoaderRecord, original: OriginalIter, *, sink: Any
+    ) -> Metered:
+        return Metered(
+            record,
+            loader,
+            original,
+            sink=sink,
+            window_s=self.spec["window_s"],
+            on_full=self._window_full,
+            on_batch=self.watch.yielded if self.watch is not None else None,
+        )
+
+    # -- finding the loader that feeds the optimizer (the first trial, no --loader) ------------
+
+    def _candidate_epoch(
+        self, loader: DataLoader[Any], record: LoaderRecord, original: OriginalIter
+    ) -> Iterator[Any]:
+        """An epoch of a loader that may be the one to tune, metered on its own account."""
+        candidate = self._candidates.get(record.identity)
+        if candidate is None:
+            why = dl.why_no_batches(loader)
+            if why is not None and not self._candidates:  # the first loader iterated is empty
+                self._no_batches(why, record, loader)
+            candidate = self._metered(loader, record, original, sink=HeldSink(self.sink))
+            self._candidates[record.identity] = candidate
+        return candidate.epoch(loader, record, original)
+
+    def _fed(self, key: tuple[str, ...]) -> None:
+        """The optimizer stepped on batches of loader ``key``: it is the one."""
+        self._choose(key, "the optimizer")
+
+    def _choose(self, key: tuple[str, ...], how: str) -> None:
+        self.target_key, self._chosen_by = key, how
+        for other_key, other in self._candidates.items():
+            if other_key != key:
+                other.active = False  # its epochs go on, unmeasured
+        chosen = self._candidates.get(key)
+        if chosen is not None:
+            chosen.on_batch = None
+            self._start(chosen)
+            assert isinstance(chosen.sink, HeldSink)
+            chosen.sink.release()
+
+    def _start(self, metered: Metered) -> None:
+        """``metered`` is the target: say which loader it is and what it runs with."""
         import torch
 
-        dataset = type(loader.dataset)
+        self.target = metered
+        loader, record = metered.loader, metered.record
+        settings = dl.settings_of(loader)
         one_only = self._hot_swap(loader, settings)
         self.chan.send(
             messages.LoaderMsg(
                 t="loader",
                 index=record.index,
                 call_site=record.call_site,
+                key=list(record.identity),
+                origin=record.origin,
+                chosen_by=self._chosen_by,
                 settings=settings.loader_kwargs(),
                 epoch_samples=dl.epoch_samples(loader),
-                dataset=f"{dataset.__module__}.{dataset.__qualname__}",
+                dataset=record.dataset,
                 batch_sampler=loader.batch_size is None,
+                batch_size_fixed=dl.batch_size_fixed(loader.batch_sampler)
+                if loader.batch_size is None
+                else None,
                 cuda_available=torch.cuda.is_available(),
                 warnings=self._sharding_warnings(loader),
                 one_setting_only=one_only,
             )
         )
-        if self.swap is not None:
-            return
-        self.meter = Meter(
-            window_for(settings, window_s=self.spec["window_s"]),
-            count=dl.sample_counter(loader),
-            sink=self.sink,
-            sync=dl.cuda_sync,
-            measure_cpu=loader.num_workers == 0,
-            on_done=self._done,
-        )
 
     def _hot_swap(self, loader: DataLoader[Any], settings: Config) -> str | None:
         """Run this process's trials through a HotSwap when the search allows it and the loader
-        can change setting mid-epoch (and no loader is replayed first); else why not."""
-        why = hotswap.why_not(loader) if self.spec.get("hot_swap") else "one setting asked for"
+        can change setting mid-epoch; else why not. A target named by the spec swaps from its
+        first epoch; one found while it ran (the loader that feeds the optimizer) runs its first
+        setting as it is, and swaps from the first epoch after that setting's window."""
+        if not self.spec.get("hot_swap"):
+            return "one setting asked for"
+        if self.rank is not None:
+            return "a rank of a distributed trial"
+        why = hotswap.why_not(loader)
         if why is not None or dl.why_no_batches(loader) is not None:
             return why or "the first setting yields no batch"
-        script_bs = self._script_batch_size.get(self.target.index) if self.target else None
+        assert self.target is not None
+        own = Config.from_kwargs(self.spec["own"]) if self.spec.get("own") else settings
+        found = self.watch is not None  # the first setting is running already
         self.conductor = ChannelConductor(
             self.chan,
-            self.spec,
-            own=settings,  # the script's own: a trial without overrides comes first
-            own_batch_size=script_bs or settings.batch_size,
+            None if found else self.spec,
+            own=own,  # the script's own: a trial without overrides runs them
+            own_batch_size=self._script_batch_size.get(self.target.record.index) or own.batch_size,
             make_sink=lambda: ChannelSink(self.chan),
         )
-        self.swap = hotswap.HotSwap(loader, self.conductor, fall_back=False)
+        if not found:
+            self.swap = hotswap.HotSwap(loader, self.conductor, fall_back=False)
         return None
 
     def active(self) -> tuple[Meter | None, Any, int]:
-        """The meter, the DataLoader iterator and the workers of the setting measured now."""
+        """The meter, the DataLoader iterator and the workers of the setting measured now (for
+        a failure: the metered loader whose ``next()`` raised, if one did)."""
         if self.swap is not None:
             return self.swap.active()
-        meter = self.meter
-        workers = self.loader.num_workers if self.loader is not None else 0
-        return meter, meter.iterator if meter is not None else None, workers
+        failed = self.failed_loader()
+        meter = failed.meter if failed is not None else self.meter
+        loader = failed.loader if failed is not None else self.loader
+        return (
+            meter,
+            meter.iterator if meter is not None else None,
+            loader.num_workers if loader is not None else 0,
+        )
+
+    def _window_full(self, metered: Metered, m: Measurement) -> None:
+        """A meter's window is full: the target's is the trial's result. A candidate's, while
+        the target is not known, is the result only in a loop without an optimizer."""
+        if metered is not self.target:
+            if self.target_key is not None or self.watch is None:
+                return  # dropped already
+            if self.watch.steps or optimizer_exists():  # training has not started: not this one
+                metered.active = False
+                return
+            self.watch.close()
+            self._choose(metered.key, "the first loader to fill a window (no optimizer)")
+        self._done(m)
 
     def _sharding_warnings(self, loader: DataLoader[Any]) -> list[str]:
         """In the baseline trial only: does an IterableDataset yield duplicates across workers?"""
@@ -206,30 +303,34 @@ class TrialController:
         return [dl.UNSHARDED_WARNING] if dup else []
 
     def _done(self, m: Measurement) -> None:
-        """The window is full: report, then wait for the parent to end this process group."""
-        loader = self.loader
+        """The window is full: report, then wait for the parent to end this process group. A
+        rank of a distributed trial goes on training (unmeasured) instead: the other ranks wait
+        for it in their collectives until every rank has reported."""
+        target = self.target
         if (
-            loader is not None
-            and loader.persistent_workers
-            and self._original is not None
+            target is not None
+            and target.loader.persistent_workers
+            and not target.recreated
             and self.spec["phase"] != "replay"
-            and dl.epoch_samples(loader)
+            and dl.epoch_samples(target.loader)
+            and self.rank is None
+            and self.conductor is None  # (the loop goes on, into a HotSwap: not measured)
         ):
             t = time.perf_counter()  # a new epoch's start-up with persistent workers
-            next(self._original(loader))
+            next(target.original(target.loader))
             m.reentry_s.append(time.perf_counter() - t)
         self._report(m, complete=True)
+        if self.rank is not None or self.conductor is not None:
+            return  # the loop goes on (a rank, or into a HotSwap at its next epoch)
         time.sleep(_LINGER_S)
         os._exit(0)
 
-    def _no_batches(self, why: str, record: LoaderRecord) -> None:
+    def _no_batches(self, why: str, record: LoaderRecord, loader: DataLoader[Any]) -> None:
         """The tuned loader yields nothing: report, then wait for the parent to end us."""
         own = (
             self.config is None
             or self.config.batch_size == self._script_batch_size.get(record.index, 1)
-            or (
-                self.loader is not None and self.loader.batch_size is None
-            )  # a batch sampler decides, not the search
+            or (loader.batch_size is None and dl.batch_size_fixed(loader.batch_sampler) is not None)
         )
         self.chan.send(messages.NoBatchesMsg(t="no_batches", why=why, own_batch_size=own))
         time.sleep(_LINGER_S)
@@ -237,12 +338,16 @@ class TrialController:
 
     def _report(self, m: Measurement, *, complete: bool) -> None:
         bytes_per_sample, epoch_samples = self.bytes_per_sample, None
+        ran: dict[str, Any] = {}
         if self.swap is not None and self.conductor is not None:
             bytes_per_sample = self.conductor.bytes_per_sample
             if self.conductor.step is not None:
                 epoch_samples = self.swap.epoch_samples(self.conductor.step.config)
-        elif self.loader is not None:
-            epoch_samples = dl.epoch_samples(self.loader)
+            if self.swap.current is not None:
+                ran = {**self.swap.current.segment.ran(), "loaders": len(self._swap_loaders)}
+        elif self.target is not None:
+            epoch_samples = dl.epoch_samples(self.target.loader)
+            ran = self.target.ran()
         self.chan.send(
             result_message(
                 m,
@@ -250,18 +355,34 @@ class TrialController:
                 bytes_per_sample=bytes_per_sample,
                 transfer=self.transfer,
                 epoch_samples=epoch_samples,
+                ran=ran,
+                rank=self.rank,
             )
         )
 
+    def failed_loader(self) -> Metered | None:
+        """The metered loader whose ``next()`` raised, if one did."""
+        for metered in [self.target, *self._candidates.values()]:
+            if metered is not None and metered.meter.failed_in_next:
+                return metered
+        return None
+
     def script_ended(self, how: str) -> None:
         """The script finished (or exited) before the window was full."""
+        if self.target is None:  # no optimizer stepped: the first loader whose window opened
+            opened = [c for c in self._candidates.values() if c.meter.finish_now() is not None]
+            if opened:
+                self._choose(opened[0].key, "the first loader measured (no optimizer step)")
         meter = self.active()[0]
         partial = meter.finish_now() if meter is not None else None
         if partial is not None:
             self._report(partial, complete=False)
         self.chan.send(
             messages.EndedMsg(
-                t="ended", how=how, iterated=self.target is not None, created=self._created
+                t="ended",
+                how=how,
+                iterated=self.target is not None,
+                created=[r.call_site for r in self._records],
             )
         )
 
@@ -289,10 +410,22 @@ def run_as_main(script: str, args: list[str]) -> None:
     runpy.run_path(script, run_name="__main__")
 
 
+def _connect(spec: dict[str, Any]) -> Channel:
+    """This trial's channel to the search: an inherited descriptor, or, for a rank that torch's
+    launcher started (``spec["listen"]``), a socket it connects to and says which rank it is."""
+    if not spec.get("listen"):
+        lifeline.die_with_parent(spec["parent_pid"])  # and each worker: DieWithTrial
+        return Channel.from_fd(spec["fd"])
+    lifeline.die_with_parent(os.getppid())  # the launcher's agent, which dies with the search
+    spec["rank"] = int(os.environ["RANK"])
+    chan = Channel.connect(spec["listen"])
+    chan.send(messages.HelloMsg(t="hello", rank=spec["rank"], pid=os.getpid()))
+    return chan
+
+
 def main() -> None:
     spec = json.loads(os.environ.pop(SPEC_ENV))
-    chan = Channel.from_fd(spec["fd"])
-    lifeline.die_with_parent(spec["parent_pid"])  # and each worker: DieWithTrial
+    chan = _connect(spec)
     controller = TrialController(spec, chan)
     how = "the script ended"
     with dl.quiet_worker_warning(), patched(controller):

@@ -54,11 +54,13 @@ from typing import Any, Protocol
 from torch.utils.data import DataLoader, IterableDataset
 
 from loadertune.config import Config
-from loadertune.measure.counting import structure_counter
+from loadertune.measure.counting import structure_count, structure_counter
 from loadertune.measure.meter import Measurement, Meter, Sink, WindowSpec
 from loadertune.trials import _torch_internals as _internals
 from loadertune.trials import lifeline
 from loadertune.trials import loader as dl
+
+SEEN_BATCHES = 8  # per segment: the batches whose length is kept (they tell its batch size)
 
 
 def why_not(loader: DataLoader[Any]) -> str | None:
@@ -209,6 +211,9 @@ class Segment:
         timeout_s: float | None = None,
     ) -> None:
         self.config = config
+        self._own_batch_size = dl.settings_of(loader).batch_size  # a batch sampler's, if it decides
+        self.lengths: set[int] = set()  # of the first batches handed over (see ran())
+        self.seen = 0
         self.sampler = _Remaining(
             config.batch_size if regroup else None, loader.drop_last if regroup else False
         )
@@ -236,6 +241,9 @@ class Segment:
         delivered = self.sampler.delivered
         for batch in it:
             self.samples = delivered()
+            if self.seen < SEEN_BATCHES:
+                self.seen += 1
+                self.lengths.add(structure_count(batch))
             yield batch
 
     def count(self, batch: Any, index: int) -> int:
@@ -252,6 +260,21 @@ class Segment:
             return next(it)
         finally:
             _internals.shut_down(it)
+
+    def ran(self) -> dict[str, Any]:
+        """What this setting's loader really ran with (as :meth:`.metered.Metered.ran` says of
+        a script's loader): its settings as built, the workers its iterator started, the lengths
+        of the batches it handed over."""
+        settings = dl.settings_of(self.loader).loader_kwargs()
+        if self.sampler.batch_size is None:  # the script's batch sampler decides, as it did
+            settings["batch_size"] = self._own_batch_size
+        iterator = self.iterator or _internals.live_iterator(self.loader)
+        return {
+            "settings": settings,
+            "workers_started": _internals.workers_started(iterator),
+            "batch_lengths": sorted(self.lengths),
+            "loaders": 1,
+        }
 
     def close(self) -> None:
         """Shut the workers down (a persistent loader's too)."""
@@ -284,6 +307,7 @@ class Outcome:
     bytes_per_sample: float | None = None
     transfer: dict[str, float] | None = None
     worker_signals: tuple[int, ...] = ()
+    ran: dict[str, Any] = field(default_factory=dict)  # what its loader ran with (Segment.ran)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -444,7 +468,9 @@ class HotSwap:
         else:
             run.it = meter.iterator
         meter.release()
-        outcome = Outcome(run.step, measurement=m, epoch_samples=self.epoch_samples(cfg))
+        outcome = Outcome(
+            run.step, measurement=m, epoch_samples=self.epoch_samples(cfg), ran=run.segment.ran()
+        )
         if run.replayed is not None:
             outcome.bytes_per_sample = dl.bytes_per_sample(run.replayed)
             outcome.transfer = dl.transfer_rates(run.replayed)

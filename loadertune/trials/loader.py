@@ -8,6 +8,7 @@ reports (which device, its peak memory).
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 import time
 import warnings
@@ -15,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from loadertune.config import Config
 from loadertune.measure import nvml
@@ -34,12 +35,19 @@ def quiet_worker_warning() -> Iterator[None]:
 
 def apply_settings(arguments: Mapping[str, Any], config: Config) -> dict[str, Any]:
     """The user's DataLoader arguments with ``config`` applied, every combination kept valid:
-    a batch sampler keeps deciding the batch, and without workers the worker-only arguments
+    a batch sampler is rebuilt with the new batch size where its type allows it
+    (:func:`resized_batch_sampler`; else it keeps deciding the batch: see
+    :func:`batch_size_fixed`), and without workers the worker-only arguments
     (``prefetch_factor``, ``persistent_workers``, ``multiprocessing_context``, ``timeout``) go."""
     out = dict(arguments)
     out.update(config.loader_kwargs())
-    if out.get("batch_sampler") is not None:
+    batch_sampler = out.get("batch_sampler")
+    if batch_sampler is not None:
         out.pop("batch_size")
+        if getattr(batch_sampler, "batch_size", None) != config.batch_size:
+            resized = resized_batch_sampler(batch_sampler, config.batch_size)
+            if resized is not None:
+                out["batch_sampler"] = resized
     if config.num_workers == 0:
         for key in ("prefetch_factor", "multiprocessing_context", "timeout"):
             out.pop(key, None)
@@ -47,15 +55,55 @@ def apply_settings(arguments: Mapping[str, Any], config: Config) -> dict[str, An
     return out
 
 
+# Batch samplers that wrap another and keep its batch size (Accelerate's shard of a batch
+# sampler across processes, and its sampler that skips the first batches of a resumed epoch):
+# rebuilt around a resized inner one. Named, not imported: Accelerate is optional.
+_WRAPPERS = {"accelerate.data_loader.BatchSamplerShard", "accelerate.data_loader.SkipBatchSampler"}
+
+
+def _type_name(obj: object) -> str:
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"
+
+
+def resized_batch_sampler(batch_sampler: Any, batch_size: int) -> Any | None:
+    """A copy of ``batch_sampler`` that makes batches of ``batch_size``, or None when its type
+    does not allow it: torch's own ``BatchSampler`` (not a subclass, whose batches may follow
+    other rules), and the known wrappers of one (``_WRAPPERS``)."""
+    if type(batch_sampler) is BatchSampler:
+        return BatchSampler(batch_sampler.sampler, batch_size, batch_sampler.drop_last)
+    if _type_name(batch_sampler) in _WRAPPERS:
+        inner = resized_batch_sampler(batch_sampler.batch_sampler, batch_size)
+        if inner is None:
+            return None
+        wrapper = copy.copy(batch_sampler)
+        wrapper.batch_sampler = inner
+        if getattr(wrapper, "batch_size", None) is not None:
+            wrapper.batch_size = batch_size
+        return wrapper
+    return None
+
+
+def batch_size_fixed(batch_sampler: Any) -> str | None:
+    """Why a loader built with ``batch_sampler`` cannot be given another batch size, or None
+    when it can (no batch sampler, or one :func:`resized_batch_sampler` rebuilds)."""
+    if batch_sampler is None or resized_batch_sampler(batch_sampler, 2) is not None:
+        return None
+    return (
+        f"the loader's batch_sampler ({_type_name(batch_sampler)}) decides the batches, and "
+        "loadertune cannot rebuild it with another batch size"
+    )
+
+
 def epoch_samples(loader: DataLoader[Any]) -> int | None:
-    """Samples per epoch; None when unknown (an iterable without ``__len__``, a batch sampler)."""
+    """Samples per epoch; None when unknown (an iterable without ``__len__``, a batch sampler
+    without ``__len__`` or ``batch_size``)."""
     if isinstance(loader.dataset, IterableDataset):
         try:
             return len(loader.dataset)  # type: ignore[arg-type]
         except TypeError:
             return None
     if loader.batch_size is None:  # a user batch_sampler, or no automatic batching
-        return None
+        return _batch_sampler_samples(loader.batch_sampler)
     try:
         n = len(loader.sampler)  # type: ignore[arg-type]
     except TypeError:
@@ -63,24 +111,96 @@ def epoch_samples(loader: DataLoader[Any]) -> int | None:
     return n // loader.batch_size * loader.batch_size if loader.drop_last else n
 
 
+def _batch_sampler_samples(batch_sampler: Any) -> int | None:
+    """Samples an epoch of ``batch_sampler`` yields: exact for torch's ``BatchSampler``, else
+    its batches times its ``batch_size`` (a shard pads its last batch to full size)."""
+    if batch_sampler is None:
+        return None
+    if type(batch_sampler) is BatchSampler:
+        try:
+            n = len(batch_sampler.sampler)  # type: ignore[arg-type]
+        except TypeError:
+            return None
+        size = batch_sampler.batch_size
+        return n // size * size if batch_sampler.drop_last else n
+    per_batch = getattr(batch_sampler, "batch_size", None)
+    try:
+        batches = len(batch_sampler)
+    except TypeError:
+        return None
+    return batches * per_batch if isinstance(per_batch, int) and per_batch > 0 else None
+
+
 def why_no_batches(loader: DataLoader[Any]) -> str | None:
     """Why an epoch of ``loader`` holds no batch at all, when its length says so up front
     (``drop_last=True`` with fewer samples than a batch, an empty dataset); else None."""
     if epoch_samples(loader) != 0:
         return None
-    if isinstance(loader.dataset, IterableDataset) or loader.batch_size is None:
+    if isinstance(loader.dataset, IterableDataset):
         return "the dataset is empty (0 samples)"
-    n = len(loader.sampler)  # type: ignore[arg-type]
+    sampler, size = loader.sampler, loader.batch_size
+    if size is None:  # a batch sampler: torch's own, or a wrapper of it
+        inner = loader.batch_sampler
+        while inner is not None and not isinstance(inner, BatchSampler):
+            inner = getattr(inner, "batch_sampler", None)
+        if inner is None:
+            return "its batch sampler yields no batch"
+        sampler, size = inner.sampler, inner.batch_size
+    n = len(sampler)  # type: ignore[arg-type]
     if n == 0:
         return "the dataset is empty (0 samples)"
-    return f"drop_last=True with {n} samples < batch_size {loader.batch_size}"
+    return f"drop_last=True with {n} samples < batch_size {size}"
 
 
 def sample_counter(loader: DataLoader[Any]) -> Callable[[Any, int], int]:
     """Count samples per batch: arithmetic for a regular batch sampler, else the batch's shape."""
-    if isinstance(loader.dataset, IterableDataset) or loader.batch_size is None:
+    if isinstance(loader.dataset, IterableDataset):
         return structure_counter
+    if loader.batch_size is None:
+        batch_sampler = loader.batch_sampler
+        if type(batch_sampler) is not BatchSampler:
+            return structure_counter
+        return FixedCount(batch_sampler.batch_size, epoch_samples(loader), batch_sampler.drop_last)
     return FixedCount(loader.batch_size, epoch_samples(loader), loader.drop_last)
+
+
+_KEPT = (
+    "collate_fn",
+    "drop_last",
+    "worker_init_fn",
+    "timeout",
+    "generator",
+    "multiprocessing_context",
+    "pin_memory_device",
+    "in_order",
+)
+
+
+def arguments_of(loader: DataLoader[Any]) -> dict[str, Any]:
+    """Keyword arguments that build ``loader`` again (as frameworks rebuild a user's loader):
+    its dataset, its sampler or batch sampler, its own settings and everything else it keeps."""
+    arguments: dict[str, Any] = {"dataset": loader.dataset}
+    if loader.batch_size is None:
+        arguments["batch_sampler"] = loader.batch_sampler
+    else:
+        arguments["batch_size"] = loader.batch_size
+        if not isinstance(loader.dataset, IterableDataset):
+            arguments["sampler"] = loader.sampler
+    own = settings_of(loader).loader_kwargs()
+    if loader.batch_size is None:
+        del own["batch_size"]  # the batch sampler's
+    arguments.update(own)
+    for name in _KEPT:
+        if hasattr(loader, name):
+            arguments[name] = getattr(loader, name)
+    if loader.batch_size is None:
+        arguments.pop("drop_last", None)  # the batch sampler's own
+    return arguments
+
+
+def rebuilt(loader: DataLoader[Any], config: Config) -> DataLoader[Any]:
+    """A new DataLoader like ``loader`` with ``config`` applied (:func:`apply_settings`)."""
+    return DataLoader(**apply_settings(arguments_of(loader), config))
 
 
 def settings_of(loader: DataLoader[Any]) -> Config:

@@ -46,11 +46,15 @@ class LoaderMsg(TypedDict):
 
     t: Literal["loader"]
     index: int  # order of creation, from 1
-    call_site: str  # FILE:LINE
+    call_site: str  # FILE:LINE of the user's own code that created it (or its origin)
+    key: list[str]  # what identifies it from run to run (trials.identity)
+    origin: int | None  # the loader it was rebuilt from (by a framework), if any
+    chosen_by: str  # how the first trial found it: "--loader", "the optimizer", ...
     settings: dict[str, Any]  # Config.loader_kwargs() of the loader
     epoch_samples: int | None
     dataset: str  # module.QualifiedName of the dataset's class
     batch_sampler: bool  # a batch sampler decides the batch (batch_size is None)
+    batch_size_fixed: str | None  # why its batch size cannot be changed, if it cannot
     cuda_available: bool
     warnings: list[str]
     one_setting_only: str | None  # why this loader cannot change setting mid-epoch; None: it can
@@ -69,6 +73,9 @@ class ResultMsg(TypedDict):
     bytes_per_sample: float | None
     transfer: dict[str, float] | None
     epoch_samples: int | None  # at this trial's batch size
+    # What the loader really ran with: "settings" as built, "workers_started", the
+    # "batch_lengths" seen, "loaders" (objects iterated: re-creations), "pid", "rank"
+    ran: dict[str, Any]
 
 
 class FailureMsg(TypedDict):
@@ -96,6 +103,14 @@ class EndedMsg(TypedDict):
     how: str  # "the script ended", "the script exited with status N"
     iterated: bool  # the tuned loader was iterated
     created: list[str]  # the call site of each DataLoader the script created, in order
+
+
+class HelloMsg(TypedDict):
+    """A rank of a distributed trial connected (the first message on its channel)."""
+
+    t: Literal["hello"]
+    rank: int
+    pid: int
 
 
 class StopMsg(TypedDict):
@@ -131,6 +146,7 @@ Message = (
     | StopMsg
     | ReleaseMsg
     | RunMsg
+    | HelloMsg
 )
 STOP: StopMsg = {"t": "stop"}
 RELEASE: ReleaseMsg = {"t": "release"}

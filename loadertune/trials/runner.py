@@ -148,6 +148,7 @@ class TrialResult:
             "bytes_per_sample": self.bytes_per_sample,
             "orphans_killed": self.orphans_killed,
             "number": self.number,
+            "ran": self.extra.get("ran"),  # script trials: what the loader really ran with
         }
 
 
@@ -159,6 +160,9 @@ class TrialRunner(Protocol):
     in_process: bool  # trials run in this process (their memory budget sits on top of ours)
     replays: bool  # can replay one batch through the step (phase "replay")
     bytes_per_sample: float | None  # size of one collated sample, once a trial has seen one
+    batch_size_fixed: str | None  # why the batch size cannot be changed (None: it can)
+    loader_recreated: bool  # the loader is created again at each epoch (persistence is moot)
+    target_note: str | None  # which loader is tuned, in a line, once the first trial knows
 
     @property
     def user_error(self) -> type[UserCodeError]:
@@ -208,6 +212,9 @@ class BaseRunner:
 
     bytes_per_sample: float | None = None
     replays = True
+    batch_size_fixed: str | None = None
+    loader_recreated = False
+    target_note: str | None = None
 
     def run(
         self,

@@ -16,7 +16,12 @@ launch is replaced only when it must be:
 - the script ended (it has no more epochs to give); a setting that had not received a single
   batch then is run again in a fresh launch;
 - the loader cannot change setting mid-epoch (the :class:`~loadertune.trials.messages.LoaderMsg`
-  says why): one setting per process, as it is built.
+  says why), is created again at each epoch, or was found while the first trial ran (the loader
+  that feeds the optimizer: :mod:`loadertune.trials.target`): one setting per process, as it is
+  built. The next launch names it by its key, and may swap.
+
+Every result says what its loader really ran with (``ran``), a hot-swapped setting's too: a
+trial that did not run its setting fails as ``not_applied`` (:mod:`loadertune.trials.applied`).
 
 However a launch ends, its whole group is killed and checked for survivors. The script's output
 goes to a log file per launch; its tail is kept when a trial fails.
@@ -44,14 +49,21 @@ from loadertune.errors import ConfigError, ScriptError
 from loadertune.measure import failures, nvml
 from loadertune.measure.failures import Failure, FailureKind
 from loadertune.measure.meter import Measurement
-from loadertune.trials import messages
+from loadertune.trials import applied, messages
 from loadertune.trials.channel import Channel
 from loadertune.trials.child import SPEC_ENV
-from loadertune.trials.patch import matches_site
+from loadertune.trials.identity import matches_site, target_line
 from loadertune.trials.runner import BaseRunner, TrialRequest, TrialResult
 from loadertune.trials.supervisor import Supervisor
 
 OUTPUT_TAIL_BYTES = 8192
+# torch.distributed.init_process_group() without the environment torch's launcher sets
+_LAUNCHER_ENV = "using env:// rendezvous"
+_NEEDS_LAUNCHER = (
+    "the script calls torch.distributed.init_process_group(), which needs the environment "
+    "torch's launcher sets (RANK, WORLD_SIZE, MASTER_ADDR): search it as torchrun runs it, "
+    "with `loadertune search --nproc-per-node N SCRIPT -- ARGS`"
+)
 
 
 def check_script(script: str | os.PathLike[str]) -> Path:
@@ -141,6 +153,7 @@ class _Trial:
     sup: Supervisor
     result: TrialResult
     reusable: bool = False  # ended well: its launch may run the next trial
+    own: bool = False  # runs the script's own settings (config=None)
 
     @property
     def proc(self) -> subprocess.Popen[bytes]:
@@ -168,6 +181,7 @@ class ScriptRunner(BaseRunner):
 
     in_process = False
     user_error = ScriptError
+    hot_swap = True  # a launch may run many settings (see the module docstring)
 
     def __init__(
         self,
@@ -195,6 +209,9 @@ class ScriptRunner(BaseRunner):
         self.epoch_samples: int | None = None
         self.bytes_per_sample: float | None = None
         self.loader_info: dict[str, Any] | None = None
+        self.batch_size_fixed: str | None = None  # why the batch size cannot be searched
+        self.loader_recreated = False
+        self._check_lengths = False  # batch lengths tell the batch size (see trials.applied)
         self._logdir = tempfile.TemporaryDirectory(prefix="loadertune-")
         self._launch: _Launch | None = None
         self.n_launches = 0
@@ -206,6 +223,7 @@ class ScriptRunner(BaseRunner):
             "failure": self._on_failure,
             "no_batches": self._on_no_batches,
             "ended": self._on_ended,
+            "hello": self._on_hello,
         }
 
     def _trial(self, config: Config | None, request: TrialRequest) -> TrialResult:
@@ -218,15 +236,15 @@ class ScriptRunner(BaseRunner):
             self._end_launch()
             launch = None
         fresh = launch is None
-        spec = self._trial_spec(config, request)
+        trial_spec = self._trial_spec(config, request)
         if launch is None:
-            launch = self._launch = self._start(spec)
+            launch = self._launch = self._start(self._launch_spec(trial_spec), request)
         else:
-            launch.chan.send({"t": "run", **spec})  # a messages.RunMsg
+            launch.chan.send({"t": "run", **trial_spec})  # a messages.RunMsg
         launch.n_trials += 1
         result = TrialResult(config or Config(1), phase=request.phase)
         sup = Supervisor(launch.proc.pid, limits=request.limits, should_stop=request.should_stop)
-        trial = _Trial(launch, sup, result)
+        trial = _Trial(launch, sup, result, own=config is None)
         if launch.loader is not None:
             self._on_loader(launch.loader, trial)  # said once per launch
         try:
@@ -251,21 +269,28 @@ class ScriptRunner(BaseRunner):
             "hang_s": request.limits.hang_s,
         }
 
-    def _start(self, trial: dict[str, Any]) -> _Launch:
-        """A fresh trial process, given its first trial."""
+    def _launch_spec(self, trial: dict[str, Any]) -> dict[str, Any]:
+        """A fresh launch's spec, given its first trial. After the first trial: the loader it
+        found (by key: its re-creations, its copies) and the script's own settings (what a
+        baseline runs in a launch whose loader was built with another setting)."""
+        info = self.loader_info
+        return {
+            "script": self.script,
+            "args": self.args,
+            "parent_pid": os.getpid(),
+            # many settings per process, unless the loader is created again at each epoch
+            "hot_swap": self.hot_swap and not self.loader_recreated,
+            **trial,
+            **((info and {"key": info["key"], "own": info["settings"]}) or self.selector),
+        }
+
+    def _start(self, spec: dict[str, Any], request: TrialRequest) -> _Launch:
+        """A fresh trial process (``python -m loadertune.trials.child``) in a session of its
+        own, its channel an inherited descriptor, given its spec."""
         chan, theirs = Channel.pair()
         self.n_launches += 1
         log = Path(self._logdir.name) / f"launch-{self.n_launches}.log"
-        spec = {
-            "script": self.script,
-            "args": self.args,
-            "fd": theirs.fileno(),
-            "parent_pid": os.getpid(),
-            "hot_swap": True,
-            **trial,
-            **((self.loader_info and {"index": self.loader_info["index"]}) or self.selector),
-        }
-        env = {**os.environ, SPEC_ENV: json.dumps(spec)}
+        env = {**os.environ, SPEC_ENV: json.dumps({**spec, "fd": theirs.fileno()})}
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 [self.python, "-m", "loadertune.trials.child"],
@@ -331,6 +356,9 @@ class ScriptRunner(BaseRunner):
             trial.sup.sampler.gpu_index = nvml.index_for_bus_id(msg["bus_id"])
         return False
 
+    def _on_hello(self, msg: messages.HelloMsg, trial: _Trial) -> bool:
+        return False  # only ranks of a distributed trial say hello (trials.ranks)
+
     def _on_progress(self, msg: messages.ProgressMsg, trial: _Trial) -> bool:
         if not trial.sup.progress(int(msg["i"]), float(msg["rate"])):
             trial.chan.send(messages.STOP)
@@ -343,8 +371,17 @@ class ScriptRunner(BaseRunner):
         if self.loader_info is None:
             self.loader_info = dict(msg)
             self.uses_cuda = msg["cuda_available"]
-        if result.phase == "baseline":
-            result.config = Config.from_kwargs(msg["settings"])
+            self.batch_size_fixed = msg["batch_size_fixed"]
+            self.target_note = "tuning " + target_line(
+                index=msg["index"],
+                call_site=msg["call_site"],
+                dataset=msg["dataset"],
+                batch_size=msg["settings"].get("batch_size"),
+                chosen_by=msg["chosen_by"],
+                rebuilt=msg["origin"] is not None,
+            )
+        if trial.own or result.phase == "baseline":  # also in a launch built otherwise
+            result.config = Config.from_kwargs(self.loader_info["settings"])
         result.extra["warnings"] = list(msg["warnings"])
         result.epoch_samples = msg["epoch_samples"]
         self.epoch_samples = self.epoch_samples or result.epoch_samples
@@ -362,10 +399,27 @@ class ScriptRunner(BaseRunner):
         result.transfer = msg["transfer"]
         result.epoch_samples = msg.get("epoch_samples") or result.epoch_samples
         self.bytes_per_sample = msg["bytes_per_sample"] or self.bytes_per_sample
-        if msg["complete"] and trial.launch.swaps:
+        self._check_ran(msg["ran"], result)
+        if result.failure is not None:
+            return True  # not its setting: the launch is replaced
+        if msg["complete"] and trial.launch.swaps and not self.loader_recreated:
             trial.reusable = True
             trial.chan.send(messages.RELEASE)  # snapshot taken: the setting's workers may stop
         return msg["complete"]  # a partial result is followed by "ended"
+
+    def _check_ran(self, ran: dict[str, Any], result: TrialResult) -> None:
+        """Record what the loader ran with; a trial that did not run its setting fails."""
+        result.extra["ran"] = ran
+        self.loader_recreated = self.loader_recreated or (ran.get("loaders") or 0) > 1
+        if result.phase == "baseline":
+            self._check_lengths = applied.lengths_show_batch_size(ran)
+            return
+        if result.phase == "replay":
+            return  # one cached batch, no loading
+        wrong = applied.mismatch(result.config, ran, check_lengths=self._check_lengths)
+        if wrong is not None:
+            result.failure = applied.not_applied(result.config, wrong)
+            result.measurement = None
 
     def _on_failure(self, msg: messages.FailureMsg, trial: _Trial) -> bool:
         detail = f"{msg['traceback']}\n--- script output (tail) ---\n{_tail(trial.log)}"
@@ -373,12 +427,13 @@ class ScriptRunner(BaseRunner):
             msg["text"], where=msg["where"], detail=detail, num_workers=msg["num_workers"]
         )
         if failure.kind == FailureKind.SCRIPT_ERROR:
+            launcher = _LAUNCHER_ENV in msg["text"]
             failure = Failure(
                 FailureKind.SCRIPT_ERROR,
                 f"the script raised {msg['text'][:200]}",
-                "fix the script; its traceback is below",
+                _NEEDS_LAUNCHER if launcher else "fix the script; its traceback is below",
                 user_bug=True,
-                detail=detail,
+                detail=f"{_NEEDS_LAUNCHER}\n{detail}" if launcher else detail,
             )
         trial.result.failure = failure
         return True

@@ -34,8 +34,11 @@ def result_message(
     bytes_per_sample: float | None,
     transfer: dict[str, float] | None,
     epoch_samples: int | None,
+    ran: dict[str, Any],
+    rank: int | None = None,
 ) -> messages.ResultMsg:
-    """A trial's result, with this process's CUDA facts."""
+    """A trial's result, with this process's CUDA facts; ``ran``: what its loader really ran
+    with (checked by the search: :mod:`loadertune.trials.applied`)."""
     peak_alloc, peak_reserved = dl.cuda_peaks()
     return messages.ResultMsg(
         t="result",
@@ -48,6 +51,7 @@ def result_message(
         bytes_per_sample=bytes_per_sample,
         transfer=transfer,
         epoch_samples=epoch_samples,
+        ran={**ran, "pid": os.getpid(), "rank": rank},
     )
 
 
@@ -56,7 +60,8 @@ class ChannelConductor:
 
     Args:
         chan: the channel to the search.
-        first: the first trial (the spec's ``overrides``, ``phase``, ``window_s``, ``hang_s``).
+        first: the first trial (the spec's ``overrides``, ``phase``, ``window_s``, ``hang_s``);
+            None: the first comes as a RunMsg (the process's first trial ran otherwise).
         own: the script's own settings (a trial without overrides runs them).
         own_batch_size: the batch size the script gave (a setting that yields no batch at
             another one is the search's choice, not the script's bug).
@@ -67,7 +72,7 @@ class ChannelConductor:
     def __init__(
         self,
         chan: Channel,
-        first: Mapping[str, Any],
+        first: Mapping[str, Any] | None,
         *,
         own: Config,
         own_batch_size: int,
@@ -111,6 +116,7 @@ class ChannelConductor:
                     bytes_per_sample=self.bytes_per_sample,
                     transfer=outcome.transfer,
                     epoch_samples=outcome.epoch_samples,
+                    ran=outcome.ran,
                 )
             )
         self._wait("release")

@@ -1,0 +1,127 @@
+"""Saved settings applied to a script's own loaders (``loadertune run``), only where they belong.
+
+An entry of the recommendation file says which loader it was measured on: the script (the
+file's workload key, checked by the caller), the loader's key and call site
+(:mod:`loadertune.trials.identity`), and its dataset's class. :class:`ApplySaved` builds every
+loader that matches an entry with that entry's settings (a loader created again at each epoch,
+or rebuilt by a framework, matches each time) and leaves every other loader alone. A loader
+created at an entry's line that differs otherwise (another dataset, reached another way: other
+framework functions, or another line calling the one that creates it) is named, with what
+differs, and not changed; an entry that matched nothing is named at the end,
+with the loaders the script did create.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from loadertune.config import Config, kwargs_label
+from loadertune.trials import loader as dl
+from loadertune.trials.identity import LoaderRecord, matches_site, same_key
+from loadertune.trials.patch import OriginalIter
+
+
+@dataclass
+class SavedEntry:
+    """One entry's settings and the loader it was measured on."""
+
+    name: str  # the entry's workload key, for messages
+    loader_kwargs: dict[str, Any]
+    call_site: str | None = None
+    key: tuple[str, ...] | None = None
+    dataset: str | None = None
+    index: int | None = None  # order of creation (entries that record nothing else)
+    applied: list[LoaderRecord] = field(default_factory=list)
+
+    @classmethod
+    def from_entry(cls, name: str, entry: dict[str, Any]) -> SavedEntry:
+        workload = entry.get("workload")
+        workload = workload if isinstance(workload, dict) else {}
+        key = workload.get("key")
+        return cls(
+            name=name,
+            loader_kwargs=dict(entry["loader_kwargs"]),
+            call_site=workload.get("call_site") or None,
+            key=tuple(key) if isinstance(key, list) and key else None,
+            dataset=workload.get("dataset") or None,
+            index=workload.get("loader_index") if not workload.get("call_site") else None,
+        )
+
+    def differs(self, record: LoaderRecord) -> str | None:
+        """Why ``record`` is not this entry's loader (None: it is)."""
+        if self.call_site is None:
+            return None if record.index == (self.index or 1) else "another loader"
+        if not matches_site(record.call_site, self.call_site):
+            return f"created at {record.call_site}, not {self.call_site}"
+        if self.dataset and record.dataset and record.dataset != self.dataset:
+            return f"it loads {record.dataset}, the entry was measured on {self.dataset}"
+        if self.key is not None and not same_key(record.identity, self.key, user_frames=2):
+            pairs = zip(record.identity, self.key, strict=False)
+            mine, theirs = next(((a, b) for a, b in pairs if a != b), ("another way", "another"))
+            return f"it was created by {mine}, the entry's loader by {theirs}"
+        return None
+
+    def label(self) -> str:
+        return kwargs_label(self.loader_kwargs)
+
+    def where(self) -> str:
+        if self.call_site is None:
+            return f"#{self.index or 1}"
+        return f"at {self.call_site}" + (f" ({self.dataset})" if self.dataset else "")
+
+
+class ApplySaved:
+    """A patch controller (:mod:`loadertune.trials.patch`) applying saved entries to the loaders
+    they were measured on; see the module docstring.
+
+    Args:
+        entries: this script's entries on this machine.
+        report: called with one line per loader changed, or left alone at an entry's line.
+    """
+
+    def __init__(self, entries: list[SavedEntry], report: Callable[[str], None] = print) -> None:
+        self.entries = entries
+        self.report = report
+        self.created: list[LoaderRecord] = []
+
+    def on_create(self, record: LoaderRecord, arguments: dict[str, Any]) -> dict[str, Any]:
+        self.created.append(record)
+        for entry in self.entries:
+            why = entry.differs(record)
+            if why is None:
+                return self._apply(entry, record, arguments)
+            if entry.call_site and matches_site(record.call_site, entry.call_site):
+                self.report(
+                    f"loadertune: DataLoader {record.describe()} is not the loader {entry.name} "
+                    f"was measured on ({why}); not changed"
+                )
+        return arguments
+
+    def _apply(
+        self, entry: SavedEntry, record: LoaderRecord, arguments: dict[str, Any]
+    ) -> dict[str, Any]:
+        if not entry.applied:  # once: its re-creations and rebuilt copies get it silently
+            self.report(f"loadertune: DataLoader {record.describe()}: {entry.label()}")
+        entry.applied.append(record)
+        own = arguments.get("batch_size", 1)
+        config = Config.from_kwargs(entry.loader_kwargs, batch_size=own if own else 1)
+        return dl.apply_settings(arguments, config)
+
+    def on_iter(
+        self, loader: DataLoader[Any], record: LoaderRecord, original: OriginalIter
+    ) -> Iterator[Any]:
+        return original(loader)
+
+    def unapplied(self) -> list[str]:
+        """One line per entry that matched no loader, naming the loaders the script created."""
+        made = "; ".join(r.describe() for r in self.created) or "none"
+        return [
+            f"loadertune: the script created no DataLoader {entry.where()} for {entry.name}; "
+            f"not applied (it created: {made})"
+            for entry in self.entries
+            if not entry.applied
+        ]

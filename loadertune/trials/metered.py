@@ -1,0 +1,183 @@
+"""A loader the trial process meters, across its epochs and its re-creations.
+
+One :class:`Metered` per loader key (:mod:`loadertune.trials.identity`): the loader the trial
+tunes, or, while the first trial still looks for the loader that feeds the optimizer
+(:mod:`loadertune.trials.target`), each loader that may be it. Each has its own
+:class:`~loadertune.measure.meter.Meter`; a candidate's meter reports to a :class:`HeldSink`,
+which keeps its events until the candidate is chosen (then hands them on) or dropped.
+
+Every epoch of a metered loader is iterated through a :class:`MeteredEpoch`, which also sees
+what the loader really yields: the length of its first batches, so that the trial can report
+the batch size it ran with rather than the one it asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from loadertune.measure.counting import structure_count
+from loadertune.measure.meter import Measurement, Meter, Sink
+from loadertune.trials import _torch_internals as _internals
+from loadertune.trials import loader as dl
+from loadertune.trials.identity import LoaderRecord
+from loadertune.trials.patch import OriginalIter
+from loadertune.trials.runner import window_for
+
+SEEN_BATCHES = 8  # per epoch: the batches whose length is checked
+
+
+class HeldSink:
+    """A meter's sink that holds phases and progress until :meth:`release` names the real one
+    (heartbeats pass at once: the trial is alive either way)."""
+
+    def __init__(self, real: Sink) -> None:
+        self._real = real
+        self._held: list[tuple[str, Any, Any]] = []
+        self._released = False
+
+    def event(self, name: str) -> None:
+        if self._released or name == "beat":
+            self._real.event(name)
+        else:
+            self._held.append(("event", name, None))
+
+    def progress(self, index: int, samples_per_s: float) -> bool:
+        if self._released:
+            return self._real.progress(index, samples_per_s)
+        self._held.append(("progress", index, samples_per_s))
+        return True
+
+    def release(self) -> None:
+        """From now on, and for what was held, the real sink hears it all."""
+        self._released = True
+        for kind, a, b in self._held:
+            if kind == "event":
+                self._real.event(a)
+            else:
+                self._real.progress(a, b)
+        self._held.clear()
+
+
+class _Epoch:
+    """Calls DataLoader's own ``__iter__`` when the meter asks for the epoch's iterator."""
+
+    def __init__(self, original: OriginalIter, loader: DataLoader[Any]) -> None:
+        self._original, self._loader = original, loader
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._original(self._loader)
+
+
+class Metered:
+    """One loader (by key), metered over its epochs and re-creations.
+
+    Args:
+        record: the first loader of this key that was iterated.
+        loader: that loader.
+        original: DataLoader's own ``__iter__``.
+        sink: the meter's sink (a :class:`HeldSink` for a candidate).
+        window_s: the measured window.
+        on_full: called with this and the measurement when the window is full.
+        on_batch: called with the key after every batch (the optimizer's feed watch), or None.
+    """
+
+    def __init__(
+        self,
+        record: LoaderRecord,
+        loader: DataLoader[Any],
+        original: OriginalIter,
+        *,
+        sink: Sink,
+        window_s: float,
+        on_full: Callable[[Metered, Measurement], None],
+        on_batch: Callable[[tuple[str, ...]], None] | None = None,
+    ) -> None:
+        self.record = record
+        self.key = record.identity
+        self.loader = loader
+        self.original = original
+        self.sink = sink
+        self.active = True  # False: dropped (not the target); its epochs go on unmeasured
+        self.on_batch = on_batch
+        self.lengths: set[int] = set()
+        self.loaders: list[int] = []  # the index of each loader iterated: re-creations
+        self.meter = Meter(
+            window_for(dl.settings_of(loader), window_s=window_s),
+            count=dl.sample_counter(loader),
+            sink=sink,
+            sync=dl.cuda_sync,
+            measure_cpu=loader.num_workers == 0,
+            on_done=lambda m: on_full(self, m),
+        )
+
+    @property
+    def recreated(self) -> bool:
+        """More than one loader object of this key was iterated (one per epoch, say)."""
+        return len(self.loaders) > 1
+
+    def epoch(
+        self, loader: DataLoader[Any], record: LoaderRecord, original: OriginalIter
+    ) -> Iterator[Any]:
+        """The iterator of a new epoch of ``loader``, metered."""
+        if record.index not in self.loaders:
+            self.loaders.append(record.index)
+        self.loader, self.original = loader, original
+        return MeteredEpoch(self, self.meter.wrap(_Epoch(original, loader)))
+
+    def replay(self, batch: Any) -> Iterator[Any]:
+        """An endless epoch of one cached batch, metered (the step's rate without loading)."""
+        return MeteredEpoch(self, self.meter.wrap(dl.Repeat(batch)))
+
+    def saw(self, batch: Any) -> None:
+        self.lengths.add(structure_count(batch))
+
+    def ran(self) -> dict[str, Any]:
+        """What the loader really ran with: its settings as built, the workers its iterator
+        started, the lengths of the batches seen, and how many loader objects were iterated."""
+        loader = self.loader
+        iterator = self.meter.iterator or _internals.live_iterator(loader)
+        return {
+            "settings": dl.settings_of(loader).loader_kwargs(),
+            "workers_started": _internals.workers_started(iterator),
+            "batch_lengths": sorted(self.lengths),
+            "loaders": len(self.loaders),
+        }
+
+
+class MeteredEpoch:
+    """An epoch's iterator: through the meter while it measures, then straight from the loader
+    (the window is full, or the loader was dropped as a candidate) so the loop goes on."""
+
+    __slots__ = ("_meter", "_metered", "_n", "_raw")
+
+    def __init__(self, metered: Metered, meter: Meter) -> None:
+        self._metered = metered
+        self._meter: Meter | None = meter
+        self._raw = meter.iterator
+        self._n = 0
+
+    def __iter__(self) -> MeteredEpoch:
+        return self
+
+    def __next__(self) -> Any:
+        meter = self._meter
+        if meter is not None and self._metered.active:
+            try:
+                batch = next(meter)
+            except StopIteration:
+                if not meter.done:
+                    raise  # the epoch ended
+                self._meter = None  # the window ended: go on without it
+                batch = next(self._raw)  # type: ignore[arg-type]
+        else:
+            batch = next(self._raw)  # type: ignore[arg-type]
+        if self._n < SEEN_BATCHES:
+            self._n += 1
+            self._metered.saw(batch)
+        on_batch = self._metered.on_batch
+        if on_batch is not None:
+            on_batch(self._metered.key)
+        return batch

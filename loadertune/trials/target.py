@@ -1,0 +1,94 @@
+"""Which loader a script trial tunes.
+
+Named by the user (``--loader N``, ``--loader FILE:LINE``) or by the first trial of a search (the
+key of the loader it found, :mod:`loadertune.trials.identity`), or else found the way the user
+means it: **the loader that feeds the optimizer**. Every ``optimizer.step()`` (torch's global
+step hook, so every optimizer of every framework) is fed by the loader that yielded the last
+batch before it; the first loader to feed two steps is the training loader. Lightning's sanity
+check iterates the validation loader first, and evaluation loops iterate other loaders between
+epochs: none of them is stepped on.
+
+A loop without an optimizer (inference, a loader benchmarked alone) has no step: there the loader
+whose measured window fills first is the one, as long as no optimizer exists at all (an optimizer
+that has not stepped yet means training has not started: an evaluation before training must not
+be taken for it).
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from typing import Any
+
+from loadertune.trials.identity import LoaderRecord, names_site, same_key
+
+
+class Selector:
+    """The loader a trial's spec names: ``key`` (found by an earlier trial), ``index`` (order of
+    creation) or ``call_site`` (``FILE:LINE``); :attr:`named` is False when it names none."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.key: tuple[str, ...] | None = tuple(spec["key"]) if spec.get("key") else None
+        self.index: int | None = spec.get("index")
+        self.call_site: str | None = spec.get("call_site") or None
+
+    @property
+    def named(self) -> bool:
+        return self.key is not None or self.index is not None or self.call_site is not None
+
+    def names(self, record: LoaderRecord) -> bool:
+        if self.key is not None:
+            return same_key(record.identity, self.key)
+        if self.index is not None:
+            return record.index == self.index
+        if self.call_site is not None:
+            return names_site(record, self.call_site)
+        return False
+
+
+class FeedWatch:
+    """Finds the loader that feeds the optimizer (see the module docstring).
+
+    Call :meth:`yielded` for each batch a loader yields until :attr:`fed` is set. At each
+    optimizer step, the loader that yielded the last batch gets a vote; the first to get
+    ``VOTES`` is the one (so that a batch of another loader drawn inside a training step, now
+    and then, does not decide). ``on_found`` is called once with its key, from inside
+    ``optimizer.step()``.
+    """
+
+    VOTES = 2
+
+    def __init__(self, on_found: Callable[[tuple[str, ...]], None]) -> None:
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        self._on_found = on_found
+        self._votes: dict[tuple[str, ...], int] = {}
+        self._last: tuple[str, ...] | None = None
+        self.steps = 0
+        self.fed: tuple[str, ...] | None = None
+        self._handle = register_optimizer_step_pre_hook(self._on_step)
+
+    def yielded(self, key: tuple[str, ...]) -> None:
+        self._last = key
+
+    def _on_step(self, optimizer: object, args: object, kwargs: object) -> None:
+        self.steps += 1
+        key = self._last
+        if self.fed is not None or key is None:
+            return
+        self._votes[key] = self._votes.get(key, 0) + 1
+        if self._votes[key] >= self.VOTES:
+            self.fed = key
+            self.close()
+            self._on_found(key)
+
+    def close(self) -> None:
+        self._handle.remove()
+
+
+def optimizer_exists() -> bool:
+    """Whether any torch optimizer exists in this process (once, when it matters: a scan of the
+    garbage collector's objects)."""
+    from torch.optim import Optimizer
+
+    return any(isinstance(obj, Optimizer) for obj in gc.get_objects())

@@ -1,0 +1,116 @@
+"""Saved settings go to the loader they were measured on, and nowhere else (issue 11)."""
+
+from __future__ import annotations
+
+import textwrap
+
+from torch.utils.data import DataLoader
+
+from loadertune.trials.apply import ApplySaved, SavedEntry
+from loadertune.trials.patch import patched
+
+SCRIPT = textwrap.dedent("""
+    from torch.utils.data import DataLoader
+    from workloads import TensorDataset
+
+    class Other(TensorDataset):
+        pass
+
+    def make(ds, bs):
+        return DataLoader(ds, batch_size=bs)
+
+    train = make(TensorDataset(n=32), 4)
+    val = make(Other(n=32), 8)
+    epochs = [DataLoader(TensorDataset(n=32), batch_size=2) for _ in range(3)]
+""")
+KWARGS = {"batch_size": 16, "num_workers": 2, "prefetch_factor": 4, "persistent_workers": True}
+
+
+def _run(entries: list[SavedEntry]) -> tuple[dict, list[str], ApplySaved]:
+    lines: list[str] = []
+    controller = ApplySaved(entries, report=lines.append)
+    namespace: dict = {"__name__": "__main__"}
+    with patched(controller):
+        exec(compile(SCRIPT, "mytrain.py", "exec"), namespace)
+    return namespace, lines, controller
+
+
+def test_the_entry_goes_to_its_loader_only_and_the_other_at_its_line_is_named() -> None:
+    """``make()`` creates both loaders at one line: the key (the line calling it) tells them
+    apart."""
+    _, _, found = _run([])
+    train_key = found.created[0].identity
+    assert train_key[:2] == ("mytrain.py:9", "mytrain.py:11")
+    entry = SavedEntry(
+        "script mytrain.py:9",
+        KWARGS,
+        call_site="mytrain.py:9",
+        key=train_key,
+        dataset="workloads.TensorDataset",
+    )
+    ns, lines, controller = _run([entry])
+    train, val = ns["train"], ns["val"]
+    assert (train.batch_size, train.num_workers, train.prefetch_factor) == (16, 2, 4)
+    assert train.persistent_workers
+    assert (val.batch_size, val.num_workers) == (8, 0)  # the same line, another loader
+    assert [r.index for r in entry.applied] == [1]
+    assert any("#1 at mytrain.py:9" in line and "bs=16 w=2 pf=4 persist" in line for line in lines)
+    assert any("#2 at mytrain.py:9" in line and "not changed" in line for line in lines)
+    assert controller.unapplied() == []
+
+
+def test_a_loader_created_at_every_epoch_gets_the_settings_every_time() -> None:
+    entry = SavedEntry("script mytrain.py:13", KWARGS, call_site="mytrain.py:13")
+    ns, lines, _ = _run([entry])
+    assert [loader.num_workers for loader in ns["epochs"]] == [2, 2, 2]
+    assert len(lines) == 1  # said once
+
+
+def test_an_entry_for_another_dataset_is_not_applied_and_says_what_it_found() -> None:
+    entry = SavedEntry(
+        "script mytrain.py:13", KWARGS, call_site="mytrain.py:13", dataset="mypkg.Images"
+    )
+    ns, lines, controller = _run([entry])
+    assert all(loader.num_workers == 0 for loader in ns["epochs"])
+    assert any("loads workloads.TensorDataset" in line for line in lines)
+    (missing,) = controller.unapplied()
+    assert "no DataLoader at mytrain.py:13 (mypkg.Images)" in missing
+    assert "#3 at mytrain.py:13 (workloads.TensorDataset)" in missing
+
+
+def test_an_entry_without_batch_size_keeps_the_scripts_batch() -> None:
+    kwargs = {k: v for k, v in KWARGS.items() if k != "batch_size"}
+    entry = SavedEntry("script mytrain.py:13", kwargs, call_site="mytrain.py:13")
+    ns, lines, _ = _run([entry])
+    assert [loader.batch_size for loader in ns["epochs"]] == [2, 2, 2]
+    assert "bs=sampler w=2" in lines[0] and "bs=1" not in lines[0]
+
+
+def test_an_old_entry_without_a_call_site_goes_by_order_of_creation() -> None:
+    entry = SavedEntry("unknown", KWARGS, index=2)
+    ns, _, _ = _run([entry])
+    assert ns["val"].num_workers == 2 and ns["train"].num_workers == 0
+    assert DataLoader.__init__.__name__ == "__init__"  # the patch is undone
+
+
+def test_what_runs_the_script_is_not_part_of_a_loaders_key(tmp_path, monkeypatch) -> None:
+    """A loader's key holds the script's frames only, whatever ran it (a trial process, `run`
+    from a console script or `python -m`): `run` must find the loader a search keyed."""
+    import sys
+
+    from loadertune.trials.child import run_as_main
+
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # run_as_main sets both
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    script = tmp_path / "train.py"
+    script.write_text(
+        "from torch.utils.data import DataLoader\n\n"
+        "def make():\n"
+        "    return DataLoader(list(range(8)), batch_size=2)\n\n"
+        "loader = make()\n"
+    )
+    controller = ApplySaved([])
+    with patched(controller):
+        run_as_main(str(script), [])
+    (record,) = controller.created
+    assert [site.rsplit("/", 1)[-1] for site in record.identity] == ["train.py:4", "train.py:6"]
