@@ -152,13 +152,16 @@ def run_applies_only_to_the_tuned_loader(
 
 def _no_rank_left() -> None:
     """No process of a distributed trial outlives it (the autouse fixture checks the same,
-    by environment; here by command line, for a rank that dropped the environment)."""
+    by environment; here by command line, for a rank that dropped the environment). Only this
+    test's: a trial process runs in the folder of the scripts searched (another checkout's
+    tests, run beside these on the same machine, have theirs)."""
     import psutil
 
     left = [
         (p.pid, p.info["cmdline"])
-        for p in psutil.process_iter(["cmdline"])
+        for p in psutil.process_iter(["cmdline", "cwd"])
         if any("loadertune.trials" in part for part in p.info["cmdline"] or [])
+        and p.info["cwd"] == str(SCRIPTS)
     ]
     assert not left, left
 
