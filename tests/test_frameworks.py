@@ -73,8 +73,8 @@ def check_trials_ran_their_settings(entry: dict, tmp_path: Path, *, val_batch: i
     batches (``val_batch`` samples, made in the main process) are told apart by their size.
 
     A trial process that ran one setting made only that setting's batches. One that ran several
-    in turn (hot-swapped) made each one's: every setting's batch size from each of its workers,
-    and no batch longer than the largest setting's or from a worker none of them had."""
+    in turn (hot-swapped, pruned and failed settings among them) made each recorded one's: its
+    batch size from each of its workers."""
     batches = {
         pid: [(n, worker) for n, worker in made if not (n == val_batch and worker == "main")]
         for pid, made in _batches(tmp_path).items()
@@ -105,12 +105,6 @@ def check_trials_ran_their_settings(entry: dict, tmp_path: Path, *, val_batch: i
                 continue
             full = {worker for length, worker in made if length == params["batch_size"]}
             assert expected <= full, (trial, sorted(full))
-            settings = per_pid[ran["pid"]]
-            assert max(lengths) == max(p["batch_size"] for p in settings), (trial, lengths)
-            allowed = set().union(
-                *[{str(i) for i in range(p["num_workers"])} or {"main"} for p in settings]
-            )
-            assert workers <= allowed, (trial, workers, allowed)
         checked += 1
     return checked
 
@@ -158,13 +152,16 @@ def run_applies_only_to_the_tuned_loader(
 
 def _no_rank_left() -> None:
     """No process of a distributed trial outlives it (the autouse fixture checks the same,
-    by environment; here by command line, for a rank that dropped the environment)."""
+    by environment; here by command line, for a rank that dropped the environment). Only this
+    test's: a trial process runs in the folder of the scripts searched (another checkout's
+    tests, run beside these on the same machine, have theirs)."""
     import psutil
 
     left = [
-        p.pid
-        for p in psutil.process_iter(["cmdline"])
+        (p.pid, p.info["cmdline"])
+        for p in psutil.process_iter(["cmdline", "cwd"])
         if any("loadertune.trials" in part for part in p.info["cmdline"] or [])
+        and p.info["cwd"] == str(SCRIPTS)
     ]
     assert not left, left
 
