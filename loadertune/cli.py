@@ -11,9 +11,9 @@ import faulthandler
 import json
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 from rich.console import Console
@@ -108,17 +108,30 @@ def cli() -> None:
     """
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _budget_option(help: str) -> Callable[[F], F]:
+    """``--budget`` in seconds (search, and run --tune)."""
+    return click.option(
+        "--budget",
+        "budget_s",
+        type=click.FloatRange(min=0, min_open=True),
+        default=60.0,
+        show_default=True,
+        help=help,
+    )
+
+
+def _batch_sizes_option(help: str) -> Callable[[F], F]:
+    """``--batch-sizes 32,64,128`` (search, and run --tune)."""
+    return click.option("--batch-sizes", callback=_batch_sizes, default=None, help=help)
+
+
 @cli.command(context_settings={"ignore_unknown_options": False})
 @click.argument("script", type=click.Path(dir_okay=False))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
-@click.option(
-    "--budget",
-    "budget_s",
-    type=click.FloatRange(min=0, min_open=True),
-    default=60.0,
-    show_default=True,
-    help="Wall-clock seconds for the whole search.",
-)
+@_budget_option("Wall-clock seconds for the whole search.")
 @click.option(
     "--trials",
     "n_trials",
@@ -126,12 +139,7 @@ def cli() -> None:
     default=None,
     help="Cap on the settings measured (default: the budget decides).",
 )
-@click.option(
-    "--batch-sizes",
-    callback=_batch_sizes,
-    default=None,
-    help="Batch sizes to search, e.g. 32,64,128 (default: keep the script's).",
-)
+@_batch_sizes_option("Batch sizes to search, e.g. 32,64,128 (default: keep the script's).")
 @click.option(
     "--max-workers",
     type=click.IntRange(min=0),
@@ -320,20 +328,8 @@ def search(
     help="Tune the DataLoader during the first --budget seconds of this run, on its own training "
     "loop, then go on with the winner and save it to --file.",
 )
-@click.option(
-    "--budget",
-    "budget_s",
-    type=click.FloatRange(min=0, min_open=True),
-    default=60.0,
-    show_default=True,
-    help="With --tune: seconds of the run spent trying settings (every batch still trains).",
-)
-@click.option(
-    "--batch-sizes",
-    callback=_batch_sizes,
-    default=None,
-    help="With --tune: batch sizes the run may switch to (default: keep the script's).",
-)
+@_budget_option("With --tune: seconds of the run spent trying settings (every batch still trains).")
+@_batch_sizes_option("With --tune: batch sizes the run may switch to (default: keep the script's).")
 @click.option(
     "--loader",
     type=click.IntRange(min=1),

@@ -58,6 +58,9 @@ class _Lines:
     def trial_finished(self, result: TrialResult, best: TrialResult | None) -> None:
         self.report(f"loadertune: {trial_line(result)}")
 
+    def note(self, text: str) -> None:
+        self.report(f"loadertune: {text}")
+
 
 class Tuner:
     """One tuning of one loader during a training run. See the module docstring.
