@@ -326,6 +326,8 @@ def trials_table(trials: list[TrialResult]) -> Table:
     for i, t in enumerate(trials, 1):
         m = t.measurement
         status = t.status if t.failure is None else f"{t.failure.kind}: {t.failure.message}"
+        if t.kept:
+            status += " (kept from an earlier run)"
         table.add_row(
             str(i),
             t.phase,

@@ -373,6 +373,48 @@ def test_ctrl_c_keeps_the_study_and_the_file_and_resumes(tmp_path: Path) -> None
 
 
 @pytest.mark.slow
+def test_ctrl_c_during_the_probe_keeps_its_finished_trials(tmp_path: Path) -> None:
+    """Ctrl-C after the baseline, while the probe runs (issue 14): the resumed search does not
+    measure the baseline again, its figures are the interrupted run's, read back from the study,
+    and the probe goes on from there; a third run measures none of the probe's trials again."""
+    args = ["search", str(SCRIPTS / "slow_samples.py"), "--out", str(tmp_path / "rec.json")]
+    args += ["--window", "0.3", "--study", "ctrl-c-probe", "--json"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loadertune", *args, "--budget", "120", "--fresh"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:  # one plain line per trial: stderr is no terminal
+        seen.append(line)
+        if line.startswith("baseline "):
+            break
+    proc.send_signal(signal.SIGINT)
+    err = "".join(seen) + _communicate_or_dump(proc, timeout=30)
+    assert proc.returncode == 130, err[-2000:]
+    (baseline_line,) = [line for line in err.splitlines() if line.startswith("baseline ")]
+    assert "samples/s" in baseline_line, err[-2000:]
+    assert "replay " not in err  # interrupted before the probe was done
+    assert "run the same command again" in err
+
+    data = summary(loadertune(*args, "--budget", "40", "--trials", "2"))
+    (base,) = [t for t in data["trials"] if t["phase"] == "baseline"]
+    assert base.get("kept") is True, data["trials"]  # not measured again...
+    assert f" {base['samples_per_s']:,.0f} samples/s " in baseline_line  # ...the earlier figure
+    ran = [t["phase"] for t in data["trials"] if not t.get("kept")]
+    assert "replay" in ran and "baseline" not in ran  # the probe went on where it stopped
+    assert data["baseline"]["loader_kwargs"]["num_workers"] == 2  # the script's own, learnt
+
+    third = summary(loadertune(*args, "--budget", "30", "--trials", "1"))
+    kept = [t["phase"] for t in third["trials"] if t["kept"]]
+    ran = [t["phase"] for t in third["trials"] if not t["kept"]]
+    assert "baseline" in kept and "replay" in kept
+    assert not {"baseline", "probe", "replay"} & set(ran), ran
+
+
+@pytest.mark.slow
 def test_sigint_stops_a_search_started_with_sigint_ignored(tmp_path: Path) -> None:
     """`cmd &` in a script (no job control) starts the CLI with SIGINT ignored; `kill -INT`
     must still stop it cleanly."""

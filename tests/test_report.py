@@ -329,3 +329,11 @@ def test_stopped_at_the_ceiling_never_contradicts_the_ceiling_line() -> None:
         _recommendation(diagnosis={**diag, "percent_of_ceiling": 97.0}, search=search)
     )
     assert not any("measured the winner lower" in x for x in near)
+
+
+def test_a_result_reads_back_whole_and_a_kept_one_says_so() -> None:
+    """What a study keeps of the probe's trials (issue 14) comes back as it was measured."""
+    for t in (OK, FAILED, PRUNED, SKIPPED):
+        assert TrialResult.from_dict(t.to_dict()) == t
+    kept = TrialResult.from_dict({**OK.to_dict(), "kept": True})
+    assert kept.kept and "ok (kept from an earlier run)" in _render(trials_table([kept]))

@@ -275,6 +275,54 @@ def test_interrupted_search_keeps_its_trials_and_resumes(tmp_path, hw) -> None:
     assert outcome.values[outcome.winner] >= 0.95 * 6000
 
 
+@pytest.mark.parametrize("after", [1, 2])
+def test_a_search_interrupted_during_the_probe_keeps_its_finished_trials(
+    tmp_path, hw, after: int
+) -> None:
+    """Issue 14: Ctrl-C after the baseline (and the num_workers=1 probe): the resumed search runs
+    only what the probe still misses, its kept trials are read back from the study whole, and
+    they become the study's trials once the probe is done."""
+    s = settings(tmp_path, study_name="probe-cut", n_trials=4)
+    first = FakeRunner(io_landscape, interrupt_after=after)
+    with pytest.raises(SearchInterrupted, match=f"{after} completed trials are kept") as info:
+        Search(first, hardware=hw, baseline=Config(32), batch_sizes=[32], settings=s).run()
+    assert info.value.n_complete == after
+    runner = FakeRunner(io_landscape)
+    outcome = Search(runner, hardware=hw, baseline=Config(32), batch_sizes=[32], settings=s).run()
+    assert outcome.n_previous_trials == after
+    ran = [phase for phase, _ in runner.log]
+    assert "baseline" not in ran and ran.count("probe") == 2 - after and "replay" in ran
+    kept = [t for t in outcome.trials if t.kept]
+    assert [(t.phase, t.config) for t in kept] == first.log
+    assert all(
+        t.measurement and t.measurement.samples_per_s == io_landscape(t.config) for t in kept
+    )
+    assert kept[0].wall_s == first.cost_s and kept[0].resources == ResourceUsage(
+        cpu_percent_main=50.0, worker_pss_bytes=50 * 2**20
+    )
+    study = optuna.load_study(study_name="probe-cut", storage=s.storage)
+    phases = [t.user_attrs.get("phase") for t in study.trials]
+    assert phases.count("baseline") == 1 and phases.count("probe") == 1  # recorded once
+
+
+def test_a_resumed_search_runs_no_baseline_and_no_probe(tmp_path, hw) -> None:
+    """A study whose probe was done: the next run measures none of its trials again."""
+    s = settings(tmp_path, study_name="probe-done", n_trials=5)
+    Search(
+        FakeRunner(io_landscape), hardware=hw, baseline=Config(32), batch_sizes=[32], settings=s
+    ).run()
+    runner = FakeRunner(io_landscape)
+    outcome = Search(runner, hardware=hw, baseline=Config(32), batch_sizes=[32], settings=s).run()
+    assert not {"baseline", "probe", "replay"} & {phase for phase, _ in runner.log}
+    assert {t.phase for t in outcome.trials if t.kept} == {"baseline", "probe", "replay"}
+    # another baseline than the one kept: the kept trials do not describe it
+    runner = FakeRunner(io_landscape)
+    outcome = Search(
+        runner, hardware=hw, baseline=Config(32, 2), batch_sizes=[32], settings=s
+    ).run()
+    assert not any(t.kept for t in outcome.trials)
+
+
 def test_trial_limits_are_what_the_workload_needs_not_what_is_left_of_the_budget(
     tmp_path, hw, monkeypatch
 ) -> None:

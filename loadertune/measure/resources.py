@@ -15,6 +15,7 @@ import os
 import statistics
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -47,6 +48,11 @@ class ResourceUsage:
         data = asdict(self)
         data["gpu_util_mean"] = self.gpu_util_mean
         return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ResourceUsage:
+        """The usage :meth:`to_dict` wrote (its derived figures are left out)."""
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
 def _child_pids(pid: int) -> list[int] | None:

@@ -297,6 +297,7 @@ class Search:
             try:
                 return self._run(log, t0)
             except KeyboardInterrupt as exc:
+                self.opening.keep()
                 raise log.interrupted(self.ledger.best_figures()) from exc
             except UserCodeError as exc:
                 log.abandon(exc.kind)

@@ -59,6 +59,19 @@ class Ledger:
         if value > self.best_value:
             self.best, self.best_value = result, value
 
+    def add_kept(self, result: TrialResult) -> None:
+        """A trial an earlier run of the study measured and kept (its opening's): known as this
+        run's are, but neither counted as run by this one nor pooled with this run's rates."""
+        self.trials.append(result)
+        if result.phase == "replay":
+            return
+        self.frontier.learn(result)
+        value = result.epoch_samples_per_s
+        if result.failure is None and not result.pruned and value is not None:
+            self.values[result.config] = max(value, self.values.get(result.config, 0.0))
+            if value > self.best_value:
+                self.best, self.best_value = result, value
+
     def robust_best(self) -> float:
         return plan.robust_best(self.values)
 

@@ -4,6 +4,13 @@ A new study opens with the user's own settings (the baseline: a script's are lea
 first trial), then ``num_workers=0`` and ``1`` and the replay (see :mod:`loadertune.search.probe`),
 which give the space, the estimates and the seeds; all of it is recorded in the study. A study an
 earlier run left is resumed from its space, estimates and values, and probes nothing again.
+
+Each trial of the opening is kept in the study as soon as it ends, with what the runner learnt
+from it (:meth:`~loadertune.search.study.StudyLog.keep_opening`), and again when the search is
+interrupted: a run stopped during the probe (Ctrl-C, SIGTERM, or worse) leaves them to the next,
+which measures only the probe's trials still missing, and no run of the study measures its
+baseline twice. The kept trials are not taken when they no longer describe the workload: the
+script changed since, or the baseline asked for is another.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from loadertune.search.study import Previous, StudyLog
 from loadertune.trials import TrialResult, TrialRunner
 
 REPLAY_LOAD_S = 1.0  # the replay's batch may take this long to load
+OPENING_PHASES = ("baseline", "probe", "replay")
 
 
 class Measure(Protocol):
@@ -76,6 +84,9 @@ class Opening:
         self._fits = fits
         self.observer = observer
         self.memory_budget: int | None = None
+        self._log: StudyLog | None = None
+        self._kept: list[TrialResult] = []  # the opening's trials an earlier run kept, taken
+        self._n_written = 0  # the opening's trials last written to the study
 
     @property
     def baseline(self) -> Config:
@@ -88,29 +99,75 @@ class Opening:
         return tuple(sorted({*self._batch_sizes, self.baseline.batch_size}))
 
     def open(self, log: StudyLog) -> tuple[SearchSpace, Estimates | None]:
-        """The space and estimates to explore: a new study's probe, or an earlier run's."""
+        """The space and estimates to explore: a new study's probe (less what an interrupted
+        run kept of it), or an earlier run's."""
+        self._log = log
+        self._take_kept(log)
         previous = log.previous()
         return self._start(log) if previous is None else self._resume(previous)
 
+    def keep(self) -> None:
+        """Keep the opening's trials so far in the study (each one as it ends; and on Ctrl-C,
+        which may come between a trial's end and its keeping)."""
+        trials = [t for t in self.ledger.trials if t.phase in OPENING_PHASES]
+        if self._log is not None and len(trials) != self._n_written:
+            self._log.keep_opening(trials, self.runner.state())
+            self._n_written = len(trials)
+
+    def _kept_one(self, result: TrialResult) -> bool:
+        self.keep()
+        return True
+
+    def _take_kept(self, log: StudyLog) -> None:
+        """Take back the opening's trials an earlier run kept, when they describe this workload
+        still: a baseline that measured the settings asked for, and a runner that takes its
+        state back (a script unchanged since)."""
+        kept, state = log.kept_opening()
+        base = next((t for t in kept if t.phase == "baseline"), None)
+        if base is None or not base.ok or self.known not in (None, base.config):
+            return
+        if not self.runner.restore(state):
+            if self.observer:
+                self.observer.note("the script changed since the earlier run: probing it again")
+            return
+        self._kept = kept
+        self._n_written = len(kept)
+        for result in kept:
+            self.ledger.add_kept(result)
+        if self.observer:
+            phases = ", ".join(f"{t.phase} {t.config.label()}" for t in kept)
+            self.observer.note(f"kept from an earlier run of the study, not run again: {phases}")
+        self._learn_baseline(base)
+
+    def _kept_trial(self, phase: str, config: Config | None = None) -> TrialResult | None:
+        return next(
+            (t for t in self._kept if t.phase == phase and config in (None, t.config)), None
+        )
+
     def _measure(self, config: Config | None, phase: str) -> TrialResult:
-        return self._measure_many([(config, phase)])[0]
+        return self._measure_many([(config, phase)], go_on=self._kept_one)[0]
 
     def _measure_baseline(self) -> TrialResult:
         """Measure the user's settings; a script's are learnt from this first trial."""
         base = self._measure(self.known, "baseline")
-        if self.known is None:
-            if "loader" not in base.extra:
-                why = base.failure.message if base.failure else "it reported no loader"
-                raise LoadertuneError(f"could not measure the workload's own settings: {why}")
-            self.known = base.config
-            if self.observer and self.runner.target_note:
-                self.observer.note(self.runner.target_note)
-            fixed = self.runner.batch_size_fixed
-            if fixed and len(self.batch_sizes) > 1:
-                self._batch_sizes = ()
-                if self.observer:
-                    self.observer.note(f"batch size left out of the search: {fixed}")
+        if self.known is None and "loader" not in base.extra:
+            why = base.failure.message if base.failure else "it reported no loader"
+            raise LoadertuneError(f"could not measure the workload's own settings: {why}")
+        self._learn_baseline(base)
         return base
+
+    def _learn_baseline(self, base: TrialResult) -> None:
+        """The user's settings, where only the baseline's trial tells them (a script's)."""
+        if self.known is not None:
+            return
+        self.known = base.config
+        if self.observer and self.runner.target_note:
+            self.observer.note(self.runner.target_note)
+        fixed = self.runner.batch_size_fixed
+        if fixed and len(self.batch_sizes) > 1:
+            self._batch_sizes = ()
+            if self.observer:
+                self.observer.note(f"batch size left out of the search: {fixed}")
 
     def _probe(self) -> tuple[TrialResult, TrialResult | None, TrialResult | None]:
         """Baseline, num_workers=0 and 1 at the smallest batch offered, and the replay (see
@@ -120,11 +177,13 @@ class Opening:
         the budget left, leaves the estimates out (the search goes on without its seeds and
         ceilings) rather than ending the search.
         """
-        base = self._measure_baseline()
+        base = self._kept_trial("baseline") or self._measure_baseline()
         # The probe's figures are per sample: at the smallest batch offered its trials take the
         # least time (slow loading at a large batch takes seconds a batch).
         bs = min(self.batch_sizes)
         w0 = base if self.baseline.num_workers == 0 else None  # pinned or not: the same loading
+        if w0 is None:
+            w0 = self._kept_trial("probe", Config(bs))
         if w0 is None:
             if not self._fits(1):
                 return base, None, None
@@ -132,19 +191,21 @@ class Opening:
         cap = self.settings.max_workers
         # One worker tells a worker's memory and hand-over cost; a baseline with workers told
         # both already, and a tight budget keeps its trials for the exploration.
+        one = Config(bs, 1, 2, False, False)
+        w1 = self._kept_trial("probe", one) or (base if self.baseline.num_workers else None)
         with_w1 = (
-            (cap is None or cap >= 1)
+            w1 is None
+            and (cap is None or cap >= 1)
             and self.baseline.num_workers == 0
             and self._fits(2 + plan.MIN_EXPLORED)
         )
-        planned = [(Config(bs, 1, 2, False, False), "probe")] if with_w1 else []
-        if w0.ok and self.runner.replays and self._fits(len(planned) + 1):
+        planned = [(one, "probe")] if with_w1 else []
+        replay = self._kept_trial("replay")
+        if replay is None and w0.ok and self.runner.replays and self._fits(len(planned) + 1):
             planned.append((Config(self._replay_batch(w0)), "replay"))
-        ran = self._measure_many(planned) if planned else []
-        w1 = next(
-            (r for r in ran if r.phase == "probe"), base if self.baseline.num_workers else None
-        )
-        replay = next((r for r in ran if r.phase == "replay"), None)
+        ran = self._measure_many(planned, go_on=self._kept_one) if planned else []
+        w1 = next((r for r in ran if r.phase == "probe"), w1)
+        replay = next((r for r in ran if r.phase == "replay"), replay)
         return w0, (w1 if w1 is not None and w1.ok else None), replay
 
     def _replay_batch(self, w0: TrialResult) -> int:

@@ -4,7 +4,10 @@ Every trial the search measures lands in the study: explored settings through as
 probe's and the confirmation's through ``add_trial``, with the full result in the user
 attributes. The probe's estimates and the space are study attributes, so a later run of the same
 study resumes where this one stopped, and the history can be read with Optuna's own tools
-(``optuna-dashboard``, ``study.trials_dataframe()``).
+(``optuna-dashboard``, ``study.trials_dataframe()``). The opening's trials (baseline, probe,
+replay) are also kept whole in a study attribute as each ends, with what the runner learnt from
+them: they become Optuna trials only once the probe is done (their distributions are the space's,
+which the probe decides), and a run interrupted before then must not lose them.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from loadertune.errors import ConfigError, SearchInterrupted
 from loadertune.search.probe import Estimates
 from loadertune.search.space import SearchSpace
 from loadertune.trials import TrialResult
+
+OPENING = "opening"  # the study attribute that keeps the opening's trials (see keep_opening)
 
 
 def _distributions(space: SearchSpace, config: Config) -> dict[str, BaseDistribution]:
@@ -109,7 +114,7 @@ class StudyLog:
                 f"{exc}). Pass a URL such as sqlite:///path/to/studies.db, or leave it out."
             ) from exc
         self._open: optuna.trial.Trial | None = None
-        self.n_at_start = len(self.study.get_trials(deepcopy=False))
+        self.n_at_start = len(self.study.get_trials(deepcopy=False)) + self._n_unrecorded()
 
     # -- resuming --------------------------------------------------------------------------------
 
@@ -140,6 +145,31 @@ class StudyLog:
             elif t.state == TrialState.FAIL and t.user_attrs.get("error"):
                 prev.failed.append((config, t.user_attrs["error"]))
         return prev
+
+    def keep_opening(self, trials: list[TrialResult], runner_state: dict[str, Any]) -> None:
+        """Keep the opening's trials so far, whole, and what the runner learnt from them."""
+        self.study.set_user_attr(
+            OPENING, {"trials": [t.to_dict() for t in trials], "runner": runner_state}
+        )
+
+    def kept_opening(self) -> tuple[list[TrialResult], dict[str, Any]]:
+        """The opening's trials an earlier run kept (marked ``kept``), and the runner's state
+        then; none when there was no earlier run, or it kept nothing this version can read."""
+        kept = self.study.user_attrs.get(OPENING) or {}
+        try:
+            trials = [TrialResult.from_dict(t) for t in kept.get("trials", [])]
+        except (ConfigError, KeyError, TypeError, ValueError):
+            return [], {}
+        for t in trials:
+            t.kept = True
+        return trials, dict(kept.get("runner") or {})
+
+    def _n_unrecorded(self, *, ok: bool = False) -> int:
+        """Kept opening trials not among the study's trials yet (the probe was not done);
+        ``ok``: those that measured their setting only."""
+        attrs = self.study.user_attrs
+        kept = [] if "space" in attrs else (attrs.get(OPENING) or {}).get("trials", [])
+        return sum(1 for t in kept if not ok or t.get("status") == "ok")
 
     def save_probe(self, space: SearchSpace, estimates: Estimates | None, baseline: Config) -> None:
         self.study.set_user_attr("space", dataclasses.asdict(space))
@@ -209,7 +239,7 @@ class StudyLog:
     def interrupted(self, best: dict[str, Any] | None) -> SearchInterrupted:
         """Ctrl-C: close the open trial; the error says what the study keeps and how to resume."""
         self.abandon("interrupted")
-        n = self.n_complete()
+        n = self.n_complete() + self._n_unrecorded(ok=True)
         return SearchInterrupted(
             f"search interrupted; {n} completed trials are kept in study {self.name!r} "
             f"({self.storage}); run the same command again to resume",

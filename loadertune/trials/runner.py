@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from loadertune.config import Config
 from loadertune.errors import UserCodeError
-from loadertune.measure.failures import Failure
+from loadertune.measure.failures import Failure, FailureKind
 from loadertune.measure.meter import Measurement, WindowSpec
 from loadertune.measure.resources import ResourceUsage
 
@@ -70,6 +70,7 @@ class TrialResult:
     number: int | None = None  # the Optuna trial number, when the search recorded it
     bytes_per_sample: float | None = None
     orphans_killed: int = 0
+    kept: bool = False  # measured by an earlier run of the search's study, not by this one
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -149,7 +150,41 @@ class TrialResult:
             "orphans_killed": self.orphans_killed,
             "number": self.number,
             "ran": self.extra.get("ran"),  # script trials: what the loader really ran with
+            "epoch_samples": self.epoch_samples,
+            "cuda_device": self.cuda_device,
+            "kept": self.kept,
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TrialResult:
+        """The result :meth:`to_dict` wrote (how a search's study keeps its probe's trials)."""
+        failure = data.get("failure")
+        if failure:
+            kind = failure["kind"]
+            kind = FailureKind(kind) if kind in FailureKind._value2member_map_ else kind
+            failure = Failure(**{**failure, "kind": kind})
+        measurement, resources = data.get("measurement"), data.get("resources")
+        return cls(
+            Config.from_kwargs(data["params"]),
+            phase=data["phase"],
+            measurement=Measurement.from_dict(measurement) if measurement else None,
+            resources=ResourceUsage.from_dict(resources) if resources else None,
+            failure=failure or None,
+            pruned=data["status"] == "pruned",
+            skipped=data.get("skipped"),
+            wall_s=data.get("wall_s") or 0.0,
+            epoch_samples=data.get("epoch_samples"),
+            cuda_peak_allocated_bytes=data.get("cuda_peak_allocated_bytes"),
+            cuda_peak_reserved_bytes=data.get("cuda_peak_reserved_bytes"),
+            cuda_device=data.get("cuda_device"),
+            cuda_capacity_bytes=data.get("cuda_capacity_bytes"),
+            transfer=data.get("transfer"),
+            number=data.get("number"),
+            bytes_per_sample=data.get("bytes_per_sample"),
+            orphans_killed=data.get("orphans_killed") or 0,
+            kept=bool(data.get("kept")),
+            extra={"ran": data["ran"]} if data.get("ran") else {},
+        )
 
 
 class TrialRunner(Protocol):
@@ -167,6 +202,14 @@ class TrialRunner(Protocol):
     @property
     def user_error(self) -> type[UserCodeError]:
         """The exception raised when the user's own code fails."""
+
+    def state(self) -> dict[str, Any]:
+        """What the trials so far taught the runner (a script's loader, a sample's size), as
+        plain data: a search keeps it in its study with its probe's trials."""
+
+    def restore(self, state: Mapping[str, Any]) -> bool:
+        """Take back what :meth:`state` gave (a resumed search, which runs no baseline again);
+        False when it no longer holds (the script changed since), and nothing was taken."""
 
     def run(
         self,
@@ -231,6 +274,15 @@ class BaseRunner:
         result.bytes_per_sample = self.bytes_per_sample
         result.wall_s = time.perf_counter() - t0
         return result
+
+    def state(self) -> dict[str, Any]:
+        """See :meth:`TrialRunner.state`."""
+        return {"bytes_per_sample": self.bytes_per_sample}
+
+    def restore(self, state: Mapping[str, Any]) -> bool:
+        """See :meth:`TrialRunner.restore`."""
+        self.bytes_per_sample = self.bytes_per_sample or state.get("bytes_per_sample")
+        return True
 
     def run_many(
         self,

@@ -30,6 +30,7 @@ goes to a log file per launch; its tail is kept when a trial fails.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -37,7 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,13 @@ def kill_group(pgid: int, grace_s: float = 3.0) -> int:
 def _pgid(pid: int) -> int | None:
     try:
         return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def _digest(path: str) -> str | None:
+    try:
+        return hashlib.sha1(Path(path).read_bytes()).hexdigest()
     except OSError:
         return None
 
@@ -368,24 +376,52 @@ class ScriptRunner(BaseRunner):
         result = trial.result
         trial.launch.loader = msg
         result.extra["loader"] = msg
-        if self.loader_info is None:
-            self.loader_info = dict(msg)
-            self.uses_cuda = msg["cuda_available"]
-            self.batch_size_fixed = msg["batch_size_fixed"]
-            self.target_note = "tuning " + target_line(
-                index=msg["index"],
-                call_site=msg["call_site"],
-                dataset=msg["dataset"],
-                batch_size=msg["settings"].get("batch_size"),
-                chosen_by=msg["chosen_by"],
-                rebuilt=msg["origin"] is not None,
-            )
+        info = self.loader_info if self.loader_info is not None else self._learn_loader(msg)
         if trial.own or result.phase == "baseline":  # also in a launch built otherwise
-            result.config = Config.from_kwargs(self.loader_info["settings"])
+            result.config = Config.from_kwargs(info["settings"])
         result.extra["warnings"] = list(msg["warnings"])
         result.epoch_samples = msg["epoch_samples"]
         self.epoch_samples = self.epoch_samples or result.epoch_samples
         return False
+
+    def _learn_loader(self, msg: Mapping[str, Any]) -> dict[str, Any]:
+        """The loader to tune, as the first trial found it."""
+        info = self.loader_info = dict(msg)
+        self.uses_cuda = msg["cuda_available"]
+        self.batch_size_fixed = msg["batch_size_fixed"]
+        self.target_note = "tuning " + target_line(
+            index=msg["index"],
+            call_site=msg["call_site"],
+            dataset=msg["dataset"],
+            batch_size=msg["settings"].get("batch_size"),
+            chosen_by=msg["chosen_by"],
+            rebuilt=msg["origin"] is not None,
+        )
+        return info
+
+    def state(self) -> dict[str, Any]:
+        """See :meth:`~loadertune.trials.TrialRunner.state`: the loader the first trial found
+        (by its key, so a resumed search names it without a baseline first), and the script's
+        digest, as the key is only good for the script as it was."""
+        return {
+            **super().state(),
+            "script_sha1": _digest(self.script),
+            "loader": self.loader_info,
+            "epoch_samples": self.epoch_samples,
+            "loader_recreated": self.loader_recreated,
+            "check_lengths": self._check_lengths,
+        }
+
+    def restore(self, state: Mapping[str, Any]) -> bool:
+        """See :meth:`~loadertune.trials.TrialRunner.restore`."""
+        if not state.get("loader") or state.get("script_sha1") != _digest(self.script):
+            return False
+        super().restore(state)
+        self._learn_loader(state["loader"])
+        self.epoch_samples = state.get("epoch_samples")
+        self.loader_recreated = bool(state.get("loader_recreated"))
+        self._check_lengths = bool(state.get("check_lengths"))
+        return True
 
     def _on_result(self, msg: messages.ResultMsg, trial: _Trial) -> bool:
         result = trial.result
