@@ -117,12 +117,14 @@ def run_script(
 
     Prints (through ``report``) what was applied, or why nothing was: an entry for another
     workload only (another script) is never applied, nor an entry to a loader that is not the
-    one it was measured on (another call site, dataset or way of creating it). Returns the
+    one it was measured on (another call site, dataset or way of creating it). Every loader's
+    workers die with this process, however it dies (a SIGKILL included). Returns the
     script's exit status; the script's own exceptions propagate. With ``nproc_per_node``, the
     script runs as ``torchrun --standalone --nproc-per-node N`` runs it, each rank with the
     entry for that world size applied (rank 0 reports).
     """
     from loadertune.errors import LoadertuneError
+    from loadertune.trials.apply import ApplySaved
     from loadertune.trials.child import run_as_main
     from loadertune.trials.patch import patched
     from loadertune.trials.script import check_script
@@ -132,21 +134,18 @@ def run_script(
         return _run_ranks(script, args, path=path, nproc_per_node=nproc_per_node)
     if os.environ.get("RANK", "0") != "0":  # a rank of torch's launcher: rank 0 speaks for all
         report = _quiet
-    controller = None
     try:
         controller = apply_saved(script, path, report)
     except LoadertuneError as exc:
         report(f"loadertune: running without changes: {exc}")
+        controller = ApplySaved([], report=report)  # the workers' lifeline still
     try:
-        if controller is None:
-            run_as_main(str(script), list(args))
-        else:
-            with patched(controller):
-                try:
-                    run_as_main(str(script), list(args))
-                finally:
-                    for line in controller.unapplied():
-                        report(line)
+        with patched(controller):
+            try:
+                run_as_main(str(script), list(args))
+            finally:
+                for line in controller.unapplied():
+                    report(line)
     except SystemExit as exc:
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else 1)

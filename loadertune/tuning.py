@@ -257,13 +257,14 @@ def _settings(settings: SearchSettings | None, budget_s: float, study: str) -> S
 
 class _TuneScript:
     """The patch controller of ``loadertune run --tune``: the saved settings (if any) applied
-    where the script creates its loaders, and the target loader tuned when first iterated: the
-    one ``index`` names, else the saved entry's loader (``entry``), else the first iterated."""
+    where the script creates its loaders (every loader's workers die with the run: ``apply``),
+    and the target loader tuned when first iterated: the one ``index`` names, else the saved
+    entry's loader (``entry``), else the first iterated."""
 
     def __init__(
         self,
         tuner: Tuner,
-        apply: ApplySaved | None,
+        apply: ApplySaved,
         index: int | None,
         entry: SavedEntry | None = None,
     ) -> None:
@@ -271,7 +272,7 @@ class _TuneScript:
         self.target: LoaderRecord | None = None
 
     def on_create(self, record: LoaderRecord, arguments: dict[str, Any]) -> dict[str, Any]:
-        return self.apply.on_create(record, arguments) if self.apply is not None else arguments
+        return self.apply.on_create(record, arguments)
 
     def on_iter(
         self, loader: DataLoader[Any], record: LoaderRecord, original: OriginalIter
@@ -309,6 +310,7 @@ def run_script_tuned(
     entry's, else the first the script iterates). Returns the script's exit status; the script's
     own exceptions propagate.
     """
+    from loadertune.trials.apply import ApplySaved
     from loadertune.trials.child import run_as_main
     from loadertune.trials.patch import patched
     from loadertune.trials.script import check_script
@@ -316,12 +318,12 @@ def run_script_tuned(
     check_script(script)
     if not budget_s > 0:
         raise ConfigError(f"budget_s must be > 0 seconds, but got {budget_s=}.")
-    apply: ApplySaved | None = None
     try:
         apply = saved.apply_saved(script, path, report)
     except LoadertuneError as exc:
         report(f"loadertune: starting with the script's own settings: {exc}")
-    entry = apply.entries[0] if apply is not None and len(apply.entries) == 1 else None
+        apply = ApplySaved([], report=report)  # every loader's workers die with the run still
+    entry = apply.entries[0] if len(apply.entries) == 1 else None
     sizes = () if batch_size is None else normalize_batch_sizes(batch_size)
     ident = hashlib.sha1(
         f"{os.path.abspath(script)}|{list(args)}|{loader}|{list(sizes)}".encode()

@@ -7,6 +7,7 @@ import textwrap
 from torch.utils.data import DataLoader
 
 from loadertune.trials.apply import ApplySaved, SavedEntry
+from loadertune.trials.lifeline import DieWithTrial
 from loadertune.trials.patch import patched
 
 SCRIPT = textwrap.dedent("""
@@ -57,6 +58,17 @@ def test_the_entry_goes_to_its_loader_only_and_the_other_at_its_line_is_named() 
     assert any("#1 at mytrain.py:9" in line and "bs=16 w=2 pf=4 persist" in line for line in lines)
     assert any("#2 at mytrain.py:9" in line and "not changed" in line for line in lines)
     assert controller.unapplied() == []
+
+
+def test_every_loader_of_the_run_gets_the_workers_lifeline() -> None:
+    """Changed or not, each loader's workers die with the run (issue 14; the SIGKILLed run is
+    tests/test_cli.py::test_workers_die_with_a_sigkilled_run)."""
+    entry = SavedEntry("script mytrain.py:13", KWARGS, call_site="mytrain.py:13")
+    for entries in ([], [entry]):
+        ns, _, controller = _run(entries)
+        loaders = [ns["train"], ns["val"], *ns["epochs"]]
+        assert all(isinstance(d.worker_init_fn, DieWithTrial) for d in loaders)
+        assert len(controller.created) == 5
 
 
 def test_a_loader_created_at_every_epoch_gets_the_settings_every_time() -> None:

@@ -491,11 +491,29 @@ def test_workers_die_with_a_sigkilled_cli(context: str, tmp_path: Path) -> None:
     stuck in __getitem__: the trial process dies with the CLI, and its workers with it, under
     every start method (multiprocessing's helpers then end too); the script's own
     worker_init_fn still ran."""
+    args = ["search", str(SCRIPTS / "stuck_workers.py"), "--out", str(tmp_path / "rec.json")]
+    _sigkill_while_stuck([*args, "--budget", "120", "--fresh"], context, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("tune", "context"), [(False, ""), (False, "spawn"), (False, "forkserver"), (True, "")]
+)
+def test_workers_die_with_a_sigkilled_run(tune: bool, context: str, tmp_path: Path) -> None:
+    """The same for `loadertune run` (issue 14), where the script runs in the CLI's own process:
+    with no entry to apply, and with --tune."""
+    tuning = ["--tune", "--budget", "60"] if tune else []
+    args = ["run", "--file", str(tmp_path / "rec.json"), *tuning, str(SCRIPTS / "stuck_workers.py")]
+    _sigkill_while_stuck(args, context, tmp_path)
+
+
+def _sigkill_while_stuck(args: list[str], context: str, tmp_path: Path) -> None:
+    """Run `loadertune ARGS` on stuck_workers.py, SIGKILL it once both workers are stuck, and
+    check that no process of it is left a few seconds later."""
     pids_dir = tmp_path / "pids"
     pids_dir.mkdir()
-    args = ["search", str(SCRIPTS / "stuck_workers.py"), "--out", str(tmp_path / "rec.json")]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "loadertune", *args, "--budget", "120", "--fresh"],
+        [sys.executable, "-m", "loadertune", *args],
         env={**os.environ, "STUCK_PIDS_DIR": str(pids_dir), "STUCK_CONTEXT": context},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -503,7 +521,7 @@ def test_workers_die_with_a_sigkilled_cli(context: str, tmp_path: Path) -> None:
     try:
         deadline = time.monotonic() + 60
         while len(list(pids_dir.iterdir())) < 2 and time.monotonic() < deadline:
-            assert proc.poll() is None, "the search ended before its workers got stuck"
+            assert proc.poll() is None, f"`loadertune {args[0]}` ended before its workers got stuck"
             time.sleep(0.1)
         assert sorted(p.read_text() for p in pids_dir.iterdir()) == ["0", "1"]  # worker ids
         workers = {int(p.name) for p in pids_dir.iterdir()}

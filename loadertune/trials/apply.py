@@ -8,7 +8,8 @@ or rebuilt by a framework, matches each time) and leaves every other loader alon
 created at an entry's line that differs otherwise (another dataset, reached another way: other
 framework functions, or another line calling the one that creates it) is named, with what
 differs, and not changed; an entry that matched nothing is named at the end,
-with the loaders the script did create.
+with the loaders the script did create. Every loader's workers, changed or not, die with the run
+however it dies (:mod:`loadertune.trials.lifeline`), as a trial's do.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from loadertune.config import Config, kwargs_label
+from loadertune.trials import lifeline
 from loadertune.trials import loader as dl
 from loadertune.trials.identity import LoaderRecord, matches_site, same_key
 from loadertune.trials.patch import OriginalIter
@@ -79,7 +81,8 @@ class ApplySaved:
     they were measured on; see the module docstring.
 
     Args:
-        entries: this script's entries on this machine.
+        entries: this script's entries on this machine (none: every loader is left as it is,
+            but for its workers' lifeline).
         report: called with one line per loader changed, or left alone at an entry's line.
     """
 
@@ -90,6 +93,7 @@ class ApplySaved:
 
     def on_create(self, record: LoaderRecord, arguments: dict[str, Any]) -> dict[str, Any]:
         self.created.append(record)
+        arguments = lifeline.wrap_worker_init(arguments)  # its workers die with the run
         for entry in self.entries:
             why = entry.differs(record)
             if why is None:
