@@ -497,24 +497,27 @@ def test_workers_die_with_a_sigkilled_cli(context: str, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("tune", "context"), [(False, ""), (False, "spawn"), (False, "forkserver"), (True, "")]
+    ("tune", "context", "after"),
+    [(False, "", ""), (False, "spawn", ""), (False, "forkserver", ""), (True, "", "1")],
 )
-def test_workers_die_with_a_sigkilled_run(tune: bool, context: str, tmp_path: Path) -> None:
+def test_workers_die_with_a_sigkilled_run(
+    tune: bool, context: str, after: str, tmp_path: Path
+) -> None:
     """The same for `loadertune run` (issue 14), where the script runs in the CLI's own process:
-    with no entry to apply, and with --tune."""
+    with no entry to apply, and with --tune, where the stuck loader is not the one tuned."""
     tuning = ["--tune", "--budget", "60"] if tune else []
     args = ["run", "--file", str(tmp_path / "rec.json"), *tuning, str(SCRIPTS / "stuck_workers.py")]
-    _sigkill_while_stuck(args, context, tmp_path)
+    _sigkill_while_stuck(args, context, tmp_path, STUCK_AFTER_ANOTHER=after)
 
 
-def _sigkill_while_stuck(args: list[str], context: str, tmp_path: Path) -> None:
+def _sigkill_while_stuck(args: list[str], context: str, tmp_path: Path, **env: str) -> None:
     """Run `loadertune ARGS` on stuck_workers.py, SIGKILL it once both workers are stuck, and
     check that no process of it is left a few seconds later."""
     pids_dir = tmp_path / "pids"
     pids_dir.mkdir()
     proc = subprocess.Popen(
         [sys.executable, "-m", "loadertune", *args],
-        env={**os.environ, "STUCK_PIDS_DIR": str(pids_dir), "STUCK_CONTEXT": context},
+        env={**os.environ, "STUCK_PIDS_DIR": str(pids_dir), "STUCK_CONTEXT": context, **env},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

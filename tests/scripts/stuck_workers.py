@@ -27,6 +27,9 @@ class Stuck(Dataset):
 
 
 if __name__ == "__main__":  # spawned workers import this file
+    if os.environ.get("STUCK_AFTER_ANOTHER"):  # a quick loader first (`run --tune` tunes it)
+        for x in DataLoader(torch.arange(64.0), batch_size=8):
+            pass
     context = os.environ.get("STUCK_CONTEXT") or None  # fork (default), spawn, forkserver
     for x in DataLoader(
         Stuck(),
