@@ -275,6 +275,11 @@ def test_interrupted_search_keeps_its_trials_and_resumes(tmp_path, hw) -> None:
     assert outcome.values[outcome.winner] >= 0.95 * 6000
 
 
+def _search(runner: FakeRunner, s: SearchSettings, hw: Hardware, workers: int = 0):
+    baseline = Config(32, workers)
+    return Search(runner, hardware=hw, baseline=baseline, batch_sizes=[32], settings=s).run()
+
+
 @pytest.mark.parametrize("after", [1, 2])
 def test_a_search_interrupted_during_the_probe_keeps_its_finished_trials(
     tmp_path, hw, after: int
@@ -285,10 +290,10 @@ def test_a_search_interrupted_during_the_probe_keeps_its_finished_trials(
     s = settings(tmp_path, study_name="probe-cut", n_trials=4)
     first = FakeRunner(io_landscape, interrupt_after=after)
     with pytest.raises(SearchInterrupted, match=f"{after} completed trials are kept") as info:
-        Search(first, hardware=hw, baseline=Config(32), batch_sizes=[32], settings=s).run()
+        _search(first, s, hw)
     assert info.value.n_complete == after
     runner = FakeRunner(io_landscape)
-    outcome = Search(runner, hardware=hw, baseline=Config(32), batch_sizes=[32], settings=s).run()
+    outcome = _search(runner, s, hw)
     assert outcome.n_previous_trials == after
     ran = [phase for phase, _ in runner.log]
     assert "baseline" not in ran and ran.count("probe") == 2 - after and "replay" in ran
@@ -308,18 +313,13 @@ def test_a_search_interrupted_during_the_probe_keeps_its_finished_trials(
 def test_a_resumed_search_runs_no_baseline_and_no_probe(tmp_path, hw) -> None:
     """A study whose probe was done: the next run measures none of its trials again."""
     s = settings(tmp_path, study_name="probe-done", n_trials=5)
-    Search(
-        FakeRunner(io_landscape), hardware=hw, baseline=Config(32), batch_sizes=[32], settings=s
-    ).run()
+    _search(FakeRunner(io_landscape), s, hw)
     runner = FakeRunner(io_landscape)
-    outcome = Search(runner, hardware=hw, baseline=Config(32), batch_sizes=[32], settings=s).run()
+    outcome = _search(runner, s, hw)
     assert not {"baseline", "probe", "replay"} & {phase for phase, _ in runner.log}
     assert {t.phase for t in outcome.trials if t.kept} == {"baseline", "probe", "replay"}
     # another baseline than the one kept: the kept trials do not describe it
-    runner = FakeRunner(io_landscape)
-    outcome = Search(
-        runner, hardware=hw, baseline=Config(32, 2), batch_sizes=[32], settings=s
-    ).run()
+    outcome = _search(FakeRunner(io_landscape), s, hw, workers=2)
     assert not any(t.kept for t in outcome.trials)
 
 
