@@ -190,3 +190,35 @@ def test_a_worker_killed_mid_sequence_is_recorded_and_the_rest_runs_in_a_fresh_p
     assert [r.error for r in results] == [None, None, "worker_killed", None, None]
     assert all(r.ok for i, r in enumerate(results) if i != 2)
     assert results[2].failure is not None and "killed" in results[2].failure.message
+
+
+def test_a_runner_takes_its_state_back_only_for_the_script_as_it_was(tmp_path: Path) -> None:
+    """What a resumed search restores instead of running the baseline again (issue 14): the
+    loader the first trial found, by key, so the next trial needs no baseline first; a script
+    edited since may have moved that loader, and gets none of it."""
+    script = tmp_path / "train.py"
+    script.write_text((SCRIPTS / "train_val.py").read_text())
+    (tmp_path / "_data.py").write_text((SCRIPTS / "_data.py").read_text())
+    window = window_for(Config(16), window_s=0.3)
+    limits = Limits(timeout_s=60, startup_s=30, hang_s=5)
+    first = ScriptRunner(script)
+    try:
+        assert first.run(None, window=window, limits=limits, phase="baseline").ok
+        state = json.loads(json.dumps(first.state()))  # as a study keeps it
+    finally:
+        first.close()
+    again = ScriptRunner(script)
+    try:
+        assert again.restore(state)
+        assert again.loader_info == first.loader_info and again.target_note == first.target_note
+        result = again.run(Config(16, 2, 2), window=window, limits=limits, phase="probe")
+        assert result.ok, result.failure
+        assert result.extra["loader"]["index"] == 2  # the loader the baseline found
+    finally:
+        again.close()
+    script.write_text(script.read_text() + "# edited\n")
+    edited = ScriptRunner(script)
+    try:
+        assert not edited.restore(state) and edited.loader_info is None
+    finally:
+        edited.close()

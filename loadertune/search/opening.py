@@ -128,7 +128,10 @@ class Opening:
             return
         if not self.runner.restore(state):
             if self.observer:
-                self.observer.note("the script changed since the earlier run: probing it again")
+                self.observer.note(
+                    "the script changed since the earlier run of the study: "
+                    "the trials that run kept of its probe are measured again"
+                )
             return
         self._kept = kept
         self._n_written = len(kept)
