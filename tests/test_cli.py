@@ -369,7 +369,9 @@ def test_ctrl_c_keeps_the_study_and_the_file_and_resumes(tmp_path: Path) -> None
     again = loadertune(*[a if a != "120" else "20" for a in args], "--trials", "3")
     data = summary(again)
     assert data["search"]["n_previous_trials"] >= 3
-    assert "probe" not in [t["phase"] for t in data["trials"]]
+    # the probe's trials are the earlier run's, kept; none is measured again
+    assert "probe" not in [t["phase"] for t in data["trials"] if not t["kept"]]
+    assert "baseline" in [t["phase"] for t in data["trials"] if t["kept"]]
 
 
 @pytest.mark.slow
