@@ -541,6 +541,61 @@ def test_the_best_of_each_batch_size_that_waits_for_data_climbs(tmp_path, hw) ->
     assert search.agenda.next(space) is None  # planned once
 
 
+def test_a_best_that_does_not_wait_for_data_tries_another_batch_size() -> None:
+    """Its step sets the pace, so only the batch size can help: the largest first (the far
+    end), then between the best and a larger one that lost, then the smaller side; never
+    while the best waits for data (its workers come first), never a setting ruled out."""
+    from loadertune.search import plan
+    from loadertune.search.space import SearchSpace
+
+    space = SearchSpace(batch_sizes=(16, 32, 64, 128, 256), max_workers=8, limits={"cpu": 8})
+    values = {Config(32, 4, 2): 1000.0}
+    blocked = {Config(32, 4, 2): 0.02}
+
+    def other(skip=lambda c: False) -> Config | None:
+        return plan.other_batch(values, blocked, space, skip=skip)
+
+    assert other() == Config(256, 4, 2)
+    values[Config(256, 4, 2)], blocked[Config(256, 4, 2)] = 800.0, 0.0  # lost
+    assert other() == Config(128, 4, 2)  # between 32 and 256
+    values[Config(128, 4, 2)], blocked[Config(128, 4, 2)] = 900.0, 0.0
+    assert other() == Config(64, 4, 2)
+    values[Config(64, 4, 2)], blocked[Config(64, 4, 2)] = 950.0, 0.0
+    assert other() == Config(16, 4, 2)  # the larger side is done: the smaller one
+    assert other(skip=lambda c: c.batch_size == 16) is None
+    # a larger batch that wins moves the best: from there, what lies between it and 256
+    values[Config(128, 4, 2)] = 1500.0
+    assert other() is None  # 64 and 256 are measured on either side
+    del values[Config(64, 4, 2)], blocked[Config(64, 4, 2)]
+    assert other() == Config(64, 4, 2)
+    # a best that waits for data climbs in workers instead
+    blocked[Config(128, 4, 2)] = 0.4
+    assert other() is None
+    # a batch the memory model rules out is passed over for the next one down
+    values, blocked = {Config(32, 4, 2): 1000.0}, {Config(32, 4, 2): 0.0}
+    assert other(skip=lambda c: c.batch_size == 256) == Config(128, 4, 2)
+
+
+def test_the_worker_range_is_not_widened_for_a_best_that_does_not_wait(tmp_path, hw) -> None:
+    """More workers buy nothing when the step sets the pace, whatever a noisy rate says."""
+    from loadertune.search.space import SearchSpace
+
+    search = Search(
+        FakeRunner(io_landscape),
+        hardware=hw,
+        baseline=Config(32),
+        batch_sizes=[32],
+        settings=settings(tmp_path),
+    )
+    space = SearchSpace(batch_sizes=(32,), max_workers=16, limits={"cpu": 16})
+    best = TrialResult(Config(32, 16, 2), phase="search")
+    search.ledger.best, search.ledger.values[best.config] = best, 1000.0
+    search.ledger.blocked[best.config] = 0.01
+    assert search.agenda.update(space) is space
+    search.ledger.blocked[best.config] = 0.3
+    assert search.agenda.update(space).max_workers == 32
+
+
 def test_a_setting_that_ran_out_of_memory_is_tried_next_with_the_workers_that_fit(
     tmp_path, hw
 ) -> None:
