@@ -23,6 +23,7 @@ RANKS = {
     "loadertune.hardware": 3,
     "loadertune.trials": 4,
     "loadertune.search": 5,
+    "loadertune.search.opening": 5,  # the driver's opening (baseline, probe, resume): beside it
     "loadertune.analysis": 6,
     "loadertune.recommendation": 7,
     "loadertune.report": 8,

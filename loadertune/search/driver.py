@@ -1,4 +1,5 @@
-"""The search driver: probe, seed, explore, confirm. See :mod:`loadertune.search`.
+"""The search driver: open (:mod:`loadertune.search.opening`), seed, explore, confirm. See
+:mod:`loadertune.search`.
 
 Measurements are asked for in batches where the next few settings are known together (the
 probe's trials after the baseline, the confirmation's interleaved rounds): the runner measures a
@@ -12,7 +13,6 @@ agenda plans from one result would wait for the whole batch.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -26,15 +26,14 @@ from loadertune.search.agenda import Agenda
 from loadertune.search.confirm import Confirmation, confirm
 from loadertune.search.ledger import Ledger
 from loadertune.search.limits import limits_for, typical_wall
+from loadertune.search.opening import Opening
 from loadertune.search.outcome import Observer, SearchOutcome
-from loadertune.search.probe import Estimates, estimate, seed_configs, space_for
+from loadertune.search.probe import Estimates, seed_configs
 from loadertune.search.settings import SearchSettings, default_storage
 from loadertune.search.space import SearchSpace
 from loadertune.search.stop import loader_keeps_up
-from loadertune.search.study import Previous, StudyLog, quiet_optuna
+from loadertune.search.study import StudyLog, quiet_optuna
 from loadertune.trials import Limits, TrialRequest, TrialResult, TrialRunner, window_for
-
-REPLAY_LOAD_S = 1.0  # the replay's batch may take this long to load
 
 
 class Search:
@@ -62,25 +61,32 @@ class Search:
     ) -> None:
         self.runner = runner
         self.hw = hardware
-        self._baseline = baseline
-        self._batch_sizes = tuple(batch_sizes)
         self.settings = settings
         self.observer = observer
         self.storage = settings.storage or default_storage()
         self.ledger = Ledger(memory_margin=settings.memory_margin, min_gain=settings.min_gain)
         self.agenda = Agenda(self.ledger)
+        self.opening = Opening(
+            runner,
+            hardware=hardware,
+            baseline=baseline,
+            batch_sizes=batch_sizes,
+            settings=settings,
+            ledger=self.ledger,
+            measure=self._measure_many,
+            fits=self._fits,
+            observer=observer,
+        )
         self._deadline = 0.0
         self._memory_budget: int | None = None
 
     @property
     def baseline(self) -> Config:
-        if self._baseline is None:
-            raise RuntimeError("the baseline is known after the first trial")
-        return self._baseline
+        return self.opening.baseline
 
     @property
     def batch_sizes(self) -> tuple[int, ...]:
-        return tuple(sorted({*self._batch_sizes, self.baseline.batch_size}))
+        return self.opening.batch_sizes
 
     # -- bookkeeping -----------------------------------------------------------------------------
 
@@ -152,93 +158,9 @@ class Search:
 
     # -- phases ----------------------------------------------------------------------------------
 
-    def _measure_baseline(self) -> TrialResult:
-        """Measure the user's settings; a script's are learnt from this first trial."""
-        base = self._measure(self._baseline, "baseline")
-        if self._baseline is None:
-            if "loader" not in base.extra:
-                why = base.failure.message if base.failure else "it reported no loader"
-                raise LoadertuneError(f"could not measure the workload's own settings: {why}")
-            self._baseline = base.config
-            if self.observer and self.runner.target_note:
-                self.observer.note(self.runner.target_note)
-            fixed = self.runner.batch_size_fixed
-            if fixed and len(self.batch_sizes) > 1:
-                self._batch_sizes = ()
-                if self.observer:
-                    self.observer.note(f"batch size left out of the search: {fixed}")
-        return base
-
-    def _probe(self) -> tuple[TrialResult, TrialResult | None, TrialResult | None]:
-        """Baseline, num_workers=0 and 1 at the smallest batch offered, and the replay (see
-        :meth:`_replay_batch`).
-
-        Only the baseline must succeed; a failed probe or replay, or one that does not fit in
-        the budget left, leaves the estimates out (the search goes on without its seeds and
-        ceilings) rather than ending the search.
-        """
-        base = self._measure_baseline()
-        # The probe's figures are per sample: at the smallest batch offered its trials take the
-        # least time (slow loading at a large batch takes seconds a batch).
-        bs = min(self.batch_sizes)
-        w0 = base if self.baseline.num_workers == 0 else None  # pinned or not: the same loading
-        if w0 is None:
-            if not self._fits():
-                return base, None, None
-            w0 = self._measure(Config(bs), "probe")
-        cap = self.settings.max_workers
-        # One worker tells a worker's memory and hand-over cost; a baseline with workers told
-        # both already, and a tight budget keeps its trials for the exploration.
-        with_w1 = (
-            (cap is None or cap >= 1)
-            and self.baseline.num_workers == 0
-            and self._fits(2 + plan.MIN_EXPLORED)
-        )
-        planned = [(Config(bs, 1, 2, False, False), "probe")] if with_w1 else []
-        if w0.ok and self.runner.replays and self._fits(len(planned) + 1):
-            planned.append((Config(self._replay_batch(w0)), "replay"))
-        ran = self._measure_many(planned) if planned else []
-        w1 = next(
-            (r for r in ran if r.phase == "probe"), base if self.baseline.num_workers else None
-        )
-        replay = next((r for r in ran if r.phase == "replay"), None)
-        return w0, (w1 if w1 is not None and w1.ok else None), replay
-
-    def _replay_batch(self, w0: TrialResult) -> int:
-        """The batch size the replay runs at: the user's, where the consumer's ceiling matters;
-        but its one batch is loaded in the main process first, and at a large batch of slow
-        samples that takes seconds of the budget: then the largest batch offered below the
-        user's that loads in :data:`REPLAY_LOAD_S` (the smallest at worst). The ceiling it gives
-        is then low for the larger batches, which the search measures anyway."""
-        m = w0.measurement
-        user = self.baseline.batch_size
-        if m is None or not m.n_samples:
-            return user
-        load_s = m.window_s * m.blocked_fraction / m.n_samples
-        quick = [b for b in self.batch_sizes if b <= user and b * load_s <= REPLAY_LOAD_S]
-        return max(quick, default=min(self.batch_sizes))
-
     def _fits(self, n: int = 1) -> bool:
         """``n`` more trials fit in what is left of the budget (as long as the typical one)."""
         return self._remaining() >= n * self._typical_wall()
-
-    def _build_space(
-        self, w0: TrialResult, w1: TrialResult | None, replay: TrialResult | None
-    ) -> SearchSpace:
-        return space_for(
-            w0,
-            w1,
-            replay,
-            hw=self.hw,
-            settings=self.settings,
-            batch_sizes=self.batch_sizes,
-            uses_cuda=self.runner.uses_cuda,
-            # a loader created again at each epoch keeps no workers between epochs
-            epoch_samples=None if self.runner.loader_recreated else self.runner.epoch_samples,
-            bytes_per_sample=self.runner.bytes_per_sample,
-            persistent_workers=self.baseline.persistent_workers,
-            ram_budget_bytes=self._memory_budget,
-        )
 
     def _stop_reason(
         self, space_size: int, n_batch_sizes: int, est: Estimates | None, reserve_s: float
@@ -300,7 +222,7 @@ class Search:
         return plan.confirm_cost(
             self.ledger.values,
             self._finalists(),
-            baseline=self._baseline,
+            baseline=self.opening.known,
             n_explored=self.ledger.n_explored,
             trial_wall_s=self._typical_wall(),
             rounds=min(2, self.settings.confirm_rounds),
@@ -362,7 +284,7 @@ class Search:
         self._memory_budget = own + int(
             self.settings.memory_budget_fraction * self.hw.ram_budget_bytes
         )
-        self.agenda.memory_budget = self._memory_budget
+        self.agenda.memory_budget = self.opening.memory_budget = self._memory_budget
         if self.observer:
             self.observer.search_started(self._deadline, self.settings.budget_s)
         with quiet_optuna():
@@ -379,41 +301,6 @@ class Search:
             except UserCodeError as exc:
                 log.abandon(exc.kind)
                 raise
-
-    def _start(self, log: StudyLog) -> tuple[SearchSpace, Estimates | None]:
-        """A new study: probe, build the space, estimate, and record it all."""
-        if self.observer:
-            self.observer.phase("probe")
-        w0, w1, replay = self._probe()
-        space = self._build_space(w0, w1, replay)
-        est = (
-            estimate(
-                w0=w0,
-                w1=w1,
-                replay=replay,
-                usable_cpus=self.hw.usable_cpus,
-                max_workers=space.max_workers,
-                pinned=True in space.pin_memory,
-            )
-            if w0.ok and replay is not None and replay.ok
-            else None
-        )
-        log.save_probe(space, est, self.baseline)
-        for result in self.ledger.trials:
-            if result.phase in ("baseline", "probe"):
-                log.record(space, result)
-        return space, est
-
-    def _resume(self, previous: Previous) -> tuple[SearchSpace, Estimates | None]:
-        """An earlier run's study: its space, estimates and values, and no probe again."""
-        self.ledger.add_previous(previous)
-        if self._baseline is None:
-            self._measure_baseline()
-        space = dataclasses.replace(
-            previous.space,
-            batch_sizes=tuple(sorted({*previous.space.batch_sizes, *self.batch_sizes})),
-        )
-        return space, previous.estimates
 
     def _seed_and_explore(
         self, log: StudyLog, space: SearchSpace, est: Estimates | None
@@ -438,8 +325,7 @@ class Search:
         return self._explore(log, space, est)
 
     def _run(self, log: StudyLog, t0: float) -> SearchOutcome:
-        previous = log.previous()
-        space, est = self._start(log) if previous is None else self._resume(previous)
+        space, est = self.opening.open(log)
         reason, space = self._seed_and_explore(log, space, est)
         if self.observer:
             self.observer.phase("confirm")

@@ -1,0 +1,215 @@
+"""The search's opening: a new study's baseline and probe, or what an earlier run left.
+
+A new study opens with the user's own settings (the baseline: a script's are learnt from this
+first trial), then ``num_workers=0`` and ``1`` and the replay (see :mod:`loadertune.search.probe`),
+which give the space, the estimates and the seeds; all of it is recorded in the study. A study an
+earlier run left is resumed from its space, estimates and values, and probes nothing again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from loadertune.config import Config
+from loadertune.errors import LoadertuneError
+from loadertune.hardware import Hardware
+from loadertune.search import plan
+from loadertune.search.ledger import Ledger
+from loadertune.search.outcome import Observer
+from loadertune.search.probe import Estimates, estimate, space_for
+from loadertune.search.settings import SearchSettings
+from loadertune.search.space import SearchSpace
+from loadertune.search.study import Previous, StudyLog
+from loadertune.trials import TrialResult, TrialRunner
+
+REPLAY_LOAD_S = 1.0  # the replay's batch may take this long to load
+
+
+class Measure(Protocol):
+    """The search's way of running trials in turn (``Search._measure_many``)."""
+
+    def __call__(
+        self,
+        planned: Sequence[tuple[Config | None, str]],
+        *,
+        go_on: Callable[[TrialResult], bool] | None = None,
+    ) -> list[TrialResult]: ...
+
+
+class Opening:
+    """A search's opening; see the module docstring.
+
+    Args:
+        runner: runs trials of the workload.
+        hardware: this machine.
+        baseline: the user's own settings; None when only the first trial can tell them.
+        batch_sizes: the batch sizes to consider (the baseline's is added).
+        settings: budget and policy.
+        ledger: the search's ledger, which hears every trial.
+        measure: runs trials (the search's, which learns from each).
+        fits: whether ``n`` more trials fit in what is left of the budget.
+        observer: hears progress (None: silent).
+    """
+
+    def __init__(
+        self,
+        runner: TrialRunner,
+        *,
+        hardware: Hardware,
+        baseline: Config | None,
+        batch_sizes: Sequence[int],
+        settings: SearchSettings,
+        ledger: Ledger,
+        measure: Measure,
+        fits: Callable[[int], bool],
+        observer: Observer | None = None,
+    ) -> None:
+        self.runner = runner
+        self.hw = hardware
+        self.known = baseline  # the baseline, once known
+        self._batch_sizes = tuple(batch_sizes)
+        self.settings = settings
+        self.ledger = ledger
+        self._measure_many = measure
+        self._fits = fits
+        self.observer = observer
+        self.memory_budget: int | None = None
+
+    @property
+    def baseline(self) -> Config:
+        if self.known is None:
+            raise RuntimeError("the baseline is known after the first trial")
+        return self.known
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        return tuple(sorted({*self._batch_sizes, self.baseline.batch_size}))
+
+    def open(self, log: StudyLog) -> tuple[SearchSpace, Estimates | None]:
+        """The space and estimates to explore: a new study's probe, or an earlier run's."""
+        previous = log.previous()
+        return self._start(log) if previous is None else self._resume(previous)
+
+    def _measure(self, config: Config | None, phase: str) -> TrialResult:
+        return self._measure_many([(config, phase)])[0]
+
+    def _measure_baseline(self) -> TrialResult:
+        """Measure the user's settings; a script's are learnt from this first trial."""
+        base = self._measure(self.known, "baseline")
+        if self.known is None:
+            if "loader" not in base.extra:
+                why = base.failure.message if base.failure else "it reported no loader"
+                raise LoadertuneError(f"could not measure the workload's own settings: {why}")
+            self.known = base.config
+            if self.observer and self.runner.target_note:
+                self.observer.note(self.runner.target_note)
+            fixed = self.runner.batch_size_fixed
+            if fixed and len(self.batch_sizes) > 1:
+                self._batch_sizes = ()
+                if self.observer:
+                    self.observer.note(f"batch size left out of the search: {fixed}")
+        return base
+
+    def _probe(self) -> tuple[TrialResult, TrialResult | None, TrialResult | None]:
+        """Baseline, num_workers=0 and 1 at the smallest batch offered, and the replay (see
+        :meth:`_replay_batch`).
+
+        Only the baseline must succeed; a failed probe or replay, or one that does not fit in
+        the budget left, leaves the estimates out (the search goes on without its seeds and
+        ceilings) rather than ending the search.
+        """
+        base = self._measure_baseline()
+        # The probe's figures are per sample: at the smallest batch offered its trials take the
+        # least time (slow loading at a large batch takes seconds a batch).
+        bs = min(self.batch_sizes)
+        w0 = base if self.baseline.num_workers == 0 else None  # pinned or not: the same loading
+        if w0 is None:
+            if not self._fits(1):
+                return base, None, None
+            w0 = self._measure(Config(bs), "probe")
+        cap = self.settings.max_workers
+        # One worker tells a worker's memory and hand-over cost; a baseline with workers told
+        # both already, and a tight budget keeps its trials for the exploration.
+        with_w1 = (
+            (cap is None or cap >= 1)
+            and self.baseline.num_workers == 0
+            and self._fits(2 + plan.MIN_EXPLORED)
+        )
+        planned = [(Config(bs, 1, 2, False, False), "probe")] if with_w1 else []
+        if w0.ok and self.runner.replays and self._fits(len(planned) + 1):
+            planned.append((Config(self._replay_batch(w0)), "replay"))
+        ran = self._measure_many(planned) if planned else []
+        w1 = next(
+            (r for r in ran if r.phase == "probe"), base if self.baseline.num_workers else None
+        )
+        replay = next((r for r in ran if r.phase == "replay"), None)
+        return w0, (w1 if w1 is not None and w1.ok else None), replay
+
+    def _replay_batch(self, w0: TrialResult) -> int:
+        """The batch size the replay runs at: the user's, where the consumer's ceiling matters;
+        but its one batch is loaded in the main process first, and at a large batch of slow
+        samples that takes seconds of the budget: then the largest batch offered below the
+        user's that loads in :data:`REPLAY_LOAD_S` (the smallest at worst). The ceiling it gives
+        is then low for the larger batches, which the search measures anyway."""
+        m = w0.measurement
+        user = self.baseline.batch_size
+        if m is None or not m.n_samples:
+            return user
+        load_s = m.window_s * m.blocked_fraction / m.n_samples
+        quick = [b for b in self.batch_sizes if b <= user and b * load_s <= REPLAY_LOAD_S]
+        return max(quick, default=min(self.batch_sizes))
+
+    def _build_space(
+        self, w0: TrialResult, w1: TrialResult | None, replay: TrialResult | None
+    ) -> SearchSpace:
+        return space_for(
+            w0,
+            w1,
+            replay,
+            hw=self.hw,
+            settings=self.settings,
+            batch_sizes=self.batch_sizes,
+            uses_cuda=self.runner.uses_cuda,
+            # a loader created again at each epoch keeps no workers between epochs
+            epoch_samples=None if self.runner.loader_recreated else self.runner.epoch_samples,
+            bytes_per_sample=self.runner.bytes_per_sample,
+            persistent_workers=self.baseline.persistent_workers,
+            ram_budget_bytes=self.memory_budget,
+        )
+
+    def _start(self, log: StudyLog) -> tuple[SearchSpace, Estimates | None]:
+        """A new study: probe, build the space, estimate, and record it all."""
+        if self.observer:
+            self.observer.phase("probe")
+        w0, w1, replay = self._probe()
+        space = self._build_space(w0, w1, replay)
+        est = (
+            estimate(
+                w0=w0,
+                w1=w1,
+                replay=replay,
+                usable_cpus=self.hw.usable_cpus,
+                max_workers=space.max_workers,
+                pinned=True in space.pin_memory,
+            )
+            if w0.ok and replay is not None and replay.ok
+            else None
+        )
+        log.save_probe(space, est, self.baseline)
+        for result in self.ledger.trials:
+            if result.phase in ("baseline", "probe"):
+                log.record(space, result)
+        return space, est
+
+    def _resume(self, previous: Previous) -> tuple[SearchSpace, Estimates | None]:
+        """An earlier run's study: its space, estimates and values, and no probe again."""
+        self.ledger.add_previous(previous)
+        if self.known is None:
+            self._measure_baseline()
+        space = dataclasses.replace(
+            previous.space,
+            batch_sizes=tuple(sorted({*previous.space.batch_sizes, *self.batch_sizes})),
+        )
+        return space, previous.estimates
