@@ -576,6 +576,25 @@ def test_a_best_that_does_not_wait_for_data_tries_another_batch_size() -> None:
     assert other(skip=lambda c: c.batch_size == 256) == Config(128, 4, 2)
 
 
+@pytest.mark.parametrize(
+    ("batch_sizes", "replayed"), [([32, 64, 128], [32, 128]), ([32], [32]), ([8, 32], [32, 8])]
+)
+def test_the_step_is_replayed_at_a_second_batch_size_when_several_are_offered(
+    tmp_path, hw, batch_sizes, replayed
+) -> None:
+    """The user's batch first; the largest offered (or the smallest) second: two batch sizes
+    tell the step's fixed cost per batch, so the seeds know each batch size's ceiling."""
+    runner = FakeRunner(io_landscape)
+    Search(
+        runner,
+        hardware=hw,
+        baseline=Config(32),
+        batch_sizes=batch_sizes,
+        settings=settings(tmp_path, budget_s=10, n_trials=4),
+    ).run()
+    assert [c.batch_size for phase, c in runner.log if phase == "replay"] == replayed
+
+
 def test_the_worker_range_is_not_widened_for_a_best_that_does_not_wait(tmp_path, hw) -> None:
     """More workers buy nothing when the step sets the pace, whatever a noisy rate says."""
     from loadertune.search.space import SearchSpace
