@@ -403,10 +403,18 @@ def test_one_replay_leaves_the_step_the_same_at_every_batch() -> None:
 
 def test_seeds_at_a_larger_batch_get_the_workers_its_faster_step_needs() -> None:
     """With a step of 20 ms a batch and little per sample, batch 512 runs its step 10x faster
-    per sample than batch 32: it needs more workers, and goes first of the other batch sizes."""
+    per sample than batch 32: it goes first, with the workers it needs, then 128, then the
+    user's 32 with fewer."""
     est = _two_replays(fixed_s=0.02, per_sample_s=1e-5)
     space = SearchSpace(batch_sizes=(32, 128, 512), max_workers=64, limits={"cpu": 64})
     seeds = seed_configs(est, space, batch_size=32, epoch_length_known=False)
-    assert seeds[0].batch_size == 32
-    assert seeds[1].batch_size == 512, seeds
-    assert seeds[1].num_workers > 3 * seeds[0].num_workers, seeds
+    assert [c.batch_size for c in seeds[:3]] == [512, 128, 32], seeds
+    assert seeds[0].num_workers > 3 * seeds[2].num_workers, seeds
+
+
+def test_seeds_start_at_the_users_batch_when_no_batch_size_is_predicted_faster() -> None:
+    """One replay (no fixed cost known), or a loader that limits every batch size alike: the
+    user's batch first, then the others from the smallest (the cheapest trials)."""
+    space = SearchSpace(batch_sizes=(16, 64, 256), max_workers=3, limits={"cpu": 3})
+    seeds = seed_configs(_cpu_bound(), space, batch_size=64, epoch_length_known=False)
+    assert [c.batch_size for c in seeds[:3]] == [64, 16, 256], seeds

@@ -253,6 +253,20 @@ def _workers_to_try(est: Estimates, space: SearchSpace) -> tuple[int, int]:
     return need, (round(math.sqrt(floor * need)) if need > 2 * floor else need)
 
 
+def _batch_order(est: Estimates, space: SearchSpace, user: int) -> list[int]:
+    """The batch sizes, most promising first: by the rate predicted at each (within 5% of the
+    best is a tie), then the user's, then the smaller (a smaller batch's trial costs less: its
+    workers deliver sooner, and a round of them holds fewer samples)."""
+    rate = {bs: est.at(bs).achievable for bs in space.batch_sizes}
+    top = max(rate.values())
+
+    def rank(bs: int) -> tuple[bool, float, bool, int]:
+        tie = rate[bs] >= 0.95 * top
+        return (not tie, 0.0 if tie else -rate[bs], bs != user, bs)
+
+    return sorted(space.batch_sizes, key=rank)
+
+
 def seed_configs(
     est: Estimates,
     space: SearchSpace,
@@ -262,19 +276,21 @@ def seed_configs(
     limit: int | None = None,
 ) -> list[Config]:
     """The settings to try first, most promising first, all inside ``space``: the estimated
-    workers at the user's batch size, each other batch size once, then neighbours.
+    workers at the most promising batch size (see :func:`_batch_order`; the user's unless the
+    estimates predict another faster), each other batch size once, then neighbours.
     ``limit`` defaults to the number of batch sizes + 5."""
     if limit is None:
         limit = len(space.batch_sizes) + 5
     pin = True in space.pin_memory
     persist = epoch_length_known and True in space.persistent_workers
-    need, first = _workers_to_try(est.at(batch_size), space)
+    lead, *others = _batch_order(est, space, batch_size)
+    need, first = _workers_to_try(est.at(lead), space)
     wanted: list[Config] = []
     if need == 0 or space.max_workers == 0:
-        variants = [Config(batch_size, 0, None, pin)]
+        variants = [Config(lead, 0, None, pin)]
     else:
         variants = [
-            Config(batch_size, min(w, space.max_workers), pf, pin, persist)
+            Config(lead, min(w, space.max_workers), pf, pin, persist)
             for w, pf in (
                 (first, 2),
                 (first + 1, 2),
@@ -287,13 +303,7 @@ def seed_configs(
             if w >= 1
         ]
     wanted.append(variants[0])
-    # Every other batch size once, at the workers it needs (its step's rate is its own), the
-    # most promising first.
-    others = sorted(
-        (bs for bs in space.batch_sizes if bs != batch_size),
-        key=lambda bs: est.at(bs).achievable,
-        reverse=True,
-    )
+    # Every other batch size once, at the workers it needs (its step's rate is its own).
     for bs in others:
         w = _workers_to_try(est.at(bs), space)[1] if space.max_workers and need else 0
         wanted.append(Config(bs, w, 2 if w else None, pin, persist and w > 0))
