@@ -145,7 +145,7 @@ class Opening:
             first = self._replay_batch(w0)
             planned.append((Config(first), "replay"))
             second = self._second_replay_batch(w0, first)
-            if second is not None and self._fits(len(planned) + 1 + plan.MIN_EXPLORED):
+            if second is not None and self._fits(len(planned) + 2):
                 planned.append((Config(second), "replay"))
         ran = self._measure_many(planned) if planned else []
         w1 = next(
