@@ -190,3 +190,24 @@ def test_a_worker_killed_mid_sequence_is_recorded_and_the_rest_runs_in_a_fresh_p
     assert [r.error for r in results] == [None, None, "worker_killed", None, None]
     assert all(r.ok for i, r in enumerate(results) if i != 2)
     assert results[2].failure is not None and "killed" in results[2].failure.message
+
+
+def test_a_batch_sampler_gets_each_batch_size_in_a_fresh_process() -> None:
+    """A hot swap keeps a batch sampler's batches: a trial at another batch size than the
+    process's loader runs gets a fresh process, whose loader is built with a batch sampler of
+    that size (it was recorded as ``not_applied`` before)."""
+    runner = ScriptRunner(SCRIPTS / "batch_sampler.py")
+    limits = Limits(timeout_s=60, startup_s=30, hang_s=5)
+    configs = [None, Config(32, 1, 2), Config(32, 0), Config(16, 1, 2)]
+    try:
+        results = [
+            runner.run(c, window=window_for(c or Config(1), window_s=0.3), limits=limits)
+            for c in configs
+        ]
+        assert runner.n_launches == 3  # 16, then 32 twice in one process, then 16 again
+    finally:
+        runner.close()
+    assert all(r.ok for r in results), [r.failure for r in results]
+    ran = [r.extra["ran"] for r in results]
+    assert [max(x["batch_lengths"]) for x in ran] == [16, 32, 32, 16]
+    assert ran[1]["pid"] == ran[2]["pid"] != ran[3]["pid"]

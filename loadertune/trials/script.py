@@ -130,6 +130,7 @@ class _Launch:
     log: Path
     loader: messages.LoaderMsg | None = None  # what it said of its loader
     n_trials: int = 0  # trials started in it
+    batch_size: int | None = None  # what its loader ran with last (ResultMsg["ran"])
 
     @property
     def swaps(self) -> bool:
@@ -232,7 +233,9 @@ class ScriptRunner(BaseRunner):
         if config is not None and self.loader_info is None and not self.selector:
             raise RuntimeError("run the baseline (config=None) first: it finds the loader to tune")
         launch = self._launch
-        if launch is not None and launch.proc.poll() is not None:
+        if launch is not None and (
+            launch.proc.poll() is not None or self._batches_fixed(launch, config)
+        ):
             self._end_launch()
             launch = None
         fresh = launch is None
@@ -260,6 +263,16 @@ class ScriptRunner(BaseRunner):
             result.failure = sup.explain(result.failure, output=_tail(launch.log))
             result.resources = result.resources or sup.usage_so_far()
         return result
+
+    def _batches_fixed(self, launch: _Launch, config: Config | None) -> bool:
+        """The launch cannot run ``config``'s batch size: its loader was built with a batch
+        sampler, whose batches a hot swap keeps (:mod:`loadertune.trials.hotswap`); a fresh
+        launch builds the loader with a batch sampler of the new size."""
+        if launch.loader is None or not launch.loader["batch_sampler"] or not self.loader_info:
+            return False
+        own = self.loader_info["settings"]["batch_size"]
+        wanted = config.batch_size if config is not None else own
+        return launch.batch_size is not None and wanted != launch.batch_size
 
     def _trial_spec(self, config: Config | None, request: TrialRequest) -> dict[str, Any]:
         return {
@@ -410,6 +423,8 @@ class ScriptRunner(BaseRunner):
     def _check_ran(self, ran: dict[str, Any], result: TrialResult) -> None:
         """Record what the loader ran with; a trial that did not run its setting fails."""
         result.extra["ran"] = ran
+        if self._launch is not None and (ran.get("settings") or {}).get("batch_size"):
+            self._launch.batch_size = ran["settings"]["batch_size"]
         self.loader_recreated = self.loader_recreated or (ran.get("loaders") or 0) > 1
         if result.phase == "baseline":
             self._check_lengths = applied.lengths_show_batch_size(ran)
