@@ -114,3 +114,14 @@ def test_what_runs_the_script_is_not_part_of_a_loaders_key(tmp_path, monkeypatch
         run_as_main(str(script), [])
     (record,) = controller.created
     assert [site.rsplit("/", 1)[-1] for site in record.identity] == ["train.py:4", "train.py:6"]
+
+
+def test_a_loader_left_alone_is_named_once_not_at_every_re_creation() -> None:
+    """The Hugging Face Trainer creates (and Accelerate rebuilds) an evaluation loader at every
+    evaluation, at the training loader's line: one line says it is not changed, not one each."""
+    entry = SavedEntry(
+        "script mytrain.py:13", KWARGS, call_site="mytrain.py:13", dataset="mypkg.Images"
+    )
+    _, lines, _ = _run([entry])
+    (line,) = [line for line in lines if "not changed" in line]
+    assert "#3 at mytrain.py:13" in line

@@ -7,7 +7,8 @@ loader that matches an entry with that entry's settings (a loader created again 
 or rebuilt by a framework, matches each time) and leaves every other loader alone. A loader
 created at an entry's line that differs otherwise (another dataset, reached another way: other
 framework functions, or another line calling the one that creates it) is named, with what
-differs, and not changed; an entry that matched nothing is named at the end,
+differs, and not changed (once per reason: the Hugging Face ``Trainer`` creates and rebuilds an
+evaluation loader at every evaluation); an entry that matched nothing is named at the end,
 with the loaders the script did create.
 """
 
@@ -87,6 +88,7 @@ class ApplySaved:
         self.entries = entries
         self.report = report
         self.created: list[LoaderRecord] = []
+        self._said: set[tuple[str, str]] = set()  # (entry, why not changed): said once
 
     def on_create(self, record: LoaderRecord, arguments: dict[str, Any]) -> dict[str, Any]:
         self.created.append(record)
@@ -94,7 +96,11 @@ class ApplySaved:
             why = entry.differs(record)
             if why is None:
                 return self._apply(entry, record, arguments)
+            said = (entry.name, why)
             if entry.call_site and matches_site(record.call_site, entry.call_site):
+                if said in self._said:
+                    continue
+                self._said.add(said)
                 self.report(
                     f"loadertune: DataLoader {record.describe()} is not the loader {entry.name} "
                     f"was measured on ({why}); not changed"
