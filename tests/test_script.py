@@ -211,3 +211,34 @@ def test_a_batch_sampler_gets_each_batch_size_in_a_fresh_process() -> None:
     ran = [r.extra["ran"] for r in results]
     assert [max(x["batch_lengths"]) for x in ran] == [16, 32, 32, 16]
     assert ran[1]["pid"] == ran[2]["pid"] != ran[3]["pid"]
+
+
+
+def test_a_loader_iterated_too_seldom_to_be_measured_says_so() -> None:
+    """rare_val.py's validation loader (#1: 4 batches, then a training epoch of 4 s): its epoch
+    ends before the window does and it rests past the watchdog. That is said, and stops the
+    search (every setting would do the same), instead of "no progress: a worker hung"."""
+    runner = ScriptRunner(SCRIPTS / "rare_val.py", loader="rare_val.py:11")
+    limits = Limits(timeout_s=60, startup_s=30, hang_s=2)
+    try:
+        result = runner.run(Config(64), window=window_for(Config(64), window_s=1.0), limits=limits)
+    finally:
+        runner.close()
+    assert result.error == "timeout"
+    assert result.failure is not None and result.failure.user_bug
+    assert "DataLoader #1 at " in result.failure.message
+    assert "went unused for 2 s after one of its epochs" in result.failure.message
+    assert "leave out --loader" in result.failure.advice
+
+
+def test_a_loader_resting_briefly_between_its_epochs_is_measured_in_them() -> None:
+    """With training epochs of 0.2 s, the same validation loader fills its window over a few
+    of its epochs: the rests between them are left out of it."""
+    runner = ScriptRunner(SCRIPTS / "rare_val.py", ["200"], loader="rare_val.py:11")
+    limits = Limits(timeout_s=60, startup_s=30, hang_s=2)
+    try:
+        result = runner.run(Config(64), window=window_for(Config(64), window_s=1.0), limits=limits)
+    finally:
+        runner.close()
+    assert result.ok, result.failure
+    assert result.measurement is not None and result.measurement.n_samples > 256  # epochs

@@ -381,6 +381,7 @@ class ScriptRunner(BaseRunner):
         result = trial.result
         trial.launch.loader = msg
         result.extra["loader"] = msg
+        trial.sup.loader_name = f"the tuned DataLoader #{msg['index']} at {msg['call_site']}"
         if self.loader_info is None:
             self.loader_info = dict(msg)
             self.uses_cuda = msg["cuda_available"]
