@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 
 from loadertune.config import Config, kwargs_label
 from loadertune.trials import loader as dl
-from loadertune.trials.identity import LoaderRecord, matches_site, same_key
+from loadertune.trials.identity import LoaderRecord, matches_site, ordinal, same_key
 from loadertune.trials.patch import OriginalIter
 
 
@@ -60,6 +60,11 @@ class SavedEntry:
             return f"created at {record.call_site}, not {self.call_site}"
         if self.dataset and record.dataset and record.dataset != self.dataset:
             return f"it loads {record.dataset}, the entry was measured on {self.dataset}"
+        if self.key is not None and ordinal(record.identity) != ordinal(self.key):
+            return (
+                f"it is DataLoader #{record.index}, not the one the entry was measured on, of "
+                f"the loaders created together at {record.call_site}"
+            )
         if self.key is not None and not same_key(record.identity, self.key, user_frames=2):
             pairs = zip(record.identity, self.key, strict=False)
             mine, theirs = next(((a, b) for a, b in pairs if a != b), ("another way", "another"))

@@ -393,6 +393,7 @@ class ScriptRunner(BaseRunner):
                 batch_size=msg["settings"].get("batch_size"),
                 chosen_by=msg["chosen_by"],
                 rebuilt=msg["origin"] is not None,
+                key=msg["key"],
             )
         if trial.own or result.phase == "baseline":  # also in a launch built otherwise
             result.config = Config.from_kwargs(self.loader_info["settings"])
