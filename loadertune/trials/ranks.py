@@ -192,6 +192,7 @@ class RankedScriptRunner(ScriptRunner):
         if kind == "hello":
             ranks.rank_of[id(chan)] = int(msg["rank"])
             ranks.pids[int(msg["rank"])] = int(msg["pid"])
+            trial.sup.sampler.main_pids.add(int(msg["pid"]))  # a main process, not a worker
             return False
         rank = ranks.rank_of.get(id(chan), -1)
         if kind == "result":
