@@ -22,6 +22,7 @@ RANKS = {
     "loadertune.measure": 2,
     "loadertune.hardware": 3,
     "loadertune.trials": 4,
+    "loadertune.trials.processes": 4,  # a script's trial processes: started, killed, their logs
     "loadertune.search": 5,
     "loadertune.analysis": 6,
     "loadertune.recommendation": 7,

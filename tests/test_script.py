@@ -213,7 +213,6 @@ def test_a_batch_sampler_gets_each_batch_size_in_a_fresh_process() -> None:
     assert ran[1]["pid"] == ran[2]["pid"] != ran[3]["pid"]
 
 
-
 def test_a_loader_iterated_too_seldom_to_be_measured_says_so() -> None:
     """rare_val.py's validation loader (#1: 4 batches, then a training epoch of 4 s): its epoch
     ends before the window does and it rests past the watchdog. That is said, and stops the

@@ -3,10 +3,10 @@
 A :class:`ResourceSampler` runs in the supervising process (a thread beside an in-process trial,
 or the parent of a script trial). It watches ``root_pid`` and all its descendants (the DataLoader
 workers; under torch's launcher, the ranks too: they are main processes, not workers, once named
-in :attr:`ResourceSampler.main_pids`). Reading PSS costs about 5 ms per process, so PSS is read only at the window's ends and to
-confirm a suspected budget breach; the periodic check sums RSS (an overestimate: shared pages
-count once per process). GPU utilization comes from NVML's own sample buffer over the window,
-with polling as a fallback for devices that cannot report it.
+in :attr:`ResourceSampler.main_pids`). Reading PSS costs about 5 ms per process, so PSS is read
+only at the window's ends and to confirm a suspected budget breach; the periodic check sums RSS
+(an overestimate: shared pages count once per process). GPU utilization comes from NVML's own
+sample buffer over the window, with polling as a fallback for devices that cannot report it.
 """
 
 from __future__ import annotations
