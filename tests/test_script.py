@@ -241,3 +241,14 @@ def test_a_loader_resting_briefly_between_its_epochs_is_measured_in_them() -> No
         runner.close()
     assert result.ok, result.failure
     assert result.measurement is not None and result.measurement.n_samples > 256  # epochs
+
+
+def test_a_window_filled_before_the_optimizer_chose_its_loader_is_measured_again() -> None:
+    """accumulate.py steps once every 16 batches: the window of the loader (then a mere
+    candidate) fills before its second step says it feeds the optimizer. It was dropped then,
+    and its choice left the trial with no meter: "no progress" (seen with Accelerate's gradient
+    accumulation). It is measured again from there."""
+    result = run("accumulate.py", None, phase="baseline", window_s=0.3)
+    assert result.ok, result.failure
+    assert result.extra["loader"]["chosen_by"] == "the optimizer"
+    assert result.measurement is not None and result.measurement.n_batches > 0
