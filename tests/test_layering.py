@@ -22,6 +22,7 @@ RANKS = {
     "loadertune.measure": 2,
     "loadertune.hardware": 3,
     "loadertune.trials": 4,
+    "loadertune.trials.processes": 4,  # a script's trial processes: started, killed, their logs
     "loadertune.search": 5,
     "loadertune.search.opening": 5,  # the driver's opening (baseline, probe, resume): beside it
     "loadertune.analysis": 6,

@@ -82,7 +82,8 @@ class Sink(Protocol):
     """Who hears about a trial while it runs (the supervisor, in this process or another)."""
 
     def event(self, name: str) -> None:
-        """``"first_batch"``, ``"window_start"``, ``"window_end"`` or ``"beat"`` (a heartbeat)."""
+        """``"first_batch"``, ``"window_start"``, ``"window_end"``, ``"beat"`` (a heartbeat) or
+        ``"rest"`` (an epoch ended before the window did; the next ``wrap`` beats)."""
 
     def progress(self, index: int, samples_per_s: float) -> bool:
         """Sub-window ``index`` ended with this running rate; return False to stop (pruned)."""
@@ -265,6 +266,8 @@ class Meter:
             if self._phase == _WINDOW:  # the loop was elsewhere between two epochs (validation)
                 self._excluded += now - self._paused_at
             self._paused_at = None
+            if self._phase != _DONE:
+                self._sink.event("beat")  # back from a rest
         self._t_wrap = now
         self._index_in_epoch = 0
         self._n_wraps += 1
@@ -297,6 +300,7 @@ class Meter:
             batch = next(self._it)  # type: ignore[arg-type]
         except StopIteration:
             self._paused_at = t0
+            self._sink.event("rest")  # the epoch ended inside the window
             raise
         except BaseException:
             self.failed_in_next = True
@@ -331,6 +335,8 @@ class Meter:
             batch = next(self._it)
         except StopIteration:
             self._paused_at = t0
+            if phase != _FIRST:  # the epoch ended before the window did: the loop is elsewhere
+                self._sink.event("rest")
             raise
         except BaseException:
             self.failed_in_next = True  # the loader raised, not the loop's body

@@ -203,6 +203,8 @@ class TrialController:
                 other.active = False  # its epochs go on, unmeasured
         chosen = self._candidates.get(key)
         if chosen is not None:
+            if chosen.meter.done:  # its window filled before the optimizer's votes were in
+                chosen.restart()
             chosen.on_batch = None
             self._start(chosen)
             assert isinstance(chosen.sink, HeldSink)
