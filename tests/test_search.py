@@ -46,8 +46,10 @@ class FakeRunner(BaseRunner):
         interrupt_after: int | None = None,
         needs_timeout_s: Callable[[str], float] = lambda phase: 0.0,
         clock: SimpleNamespace | None = None,
+        replay_rate: float = 1e6,
     ) -> None:
         self.rate, self.fail = rate, fail
+        self.replay_rate = replay_rate
         self.epoch_samples = epoch_samples
         self.bytes_per_sample = 64.0
         self.cost_s = cost_s
@@ -87,7 +89,7 @@ class FakeRunner(BaseRunner):
             result.failure = failure
             return result
         if phase == "replay":
-            rate, blocked = 1e6, 0.0
+            rate, blocked = self.replay_rate, 0.0
         else:
             rate = self.rate(config)
             blocked = 0.9 if config.num_workers == 0 else 0.3
@@ -593,6 +595,22 @@ def test_the_step_is_replayed_at_a_second_batch_size_when_several_are_offered(
         settings=settings(tmp_path, budget_s=10, n_trials=4),
     ).run()
     assert [c.batch_size for phase, c in runner.log if phase == "replay"] == replayed
+
+
+def test_a_replay_measured_below_the_baseline_does_not_end_the_search_at_once(tmp_path, hw):
+    """A noisy replay (the step alone) slower than the whole loop measured: its "ceiling" is
+    reached by the baseline itself, but the search explores workers before it believes it."""
+    runner = FakeRunner(io_landscape, replay_rate=300.0)
+    outcome = Search(
+        runner,
+        hardware=hw,
+        baseline=Config(32),
+        batch_sizes=[32],
+        settings=settings(tmp_path, budget_s=15),
+    ).run()
+    explored = [c for phase, c in runner.log if phase == "search"]
+    assert len(explored) >= 3, (outcome.stop_reason, runner.log)
+    assert outcome.winner.num_workers > 0
 
 
 def test_the_worker_range_is_not_widened_for_a_best_that_does_not_wait(tmp_path, hw) -> None:
