@@ -19,6 +19,7 @@ RANKS = {
     "loadertune.tracebacks": 0,
     "loadertune.config": 1,
     "loadertune.store": 1,
+    "loadertune.workload_keys": 1,  # the store's keys
     "loadertune.measure": 2,
     "loadertune.hardware": 3,
     "loadertune.trials": 4,
