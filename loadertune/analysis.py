@@ -171,7 +171,7 @@ def failures_seen(outcome: SearchOutcome) -> dict[str, dict[str, Any]]:
 
 
 def _advise_loading(outcome: SearchOutcome, hw: Hardware, diag: dict[str, Any]) -> str | None:
-    est = outcome.estimates
+    est = outcome.winner_estimates
     if diag.get("bottleneck") != "input" or est is None:
         return None
     if est.io_bound:
@@ -209,7 +209,7 @@ def _advise_step(outcome: SearchOutcome, hw: Hardware, diag: dict[str, Any]) -> 
 
 
 def _advise_in_process(outcome: SearchOutcome, hw: Hardware, diag: dict[str, Any]) -> str | None:
-    est = outcome.estimates
+    est = outcome.winner_estimates
     if est is None or est.limiting_stage != "main_process" or outcome.winner.num_workers:
         return None
     return (
@@ -334,7 +334,7 @@ def warnings(outcome: SearchOutcome) -> list[str]:
             "some measurements of the winner did not fill their window (low confidence): "
             "the script or dataset ended early"
         )
-    est = outcome.estimates
+    est = outcome.winner_estimates
     value = outcome.value(outcome.winner)
     if est is not None and value and value > 1.15 * est.achievable:
         out.append(
@@ -352,13 +352,14 @@ def diagnose(outcome: SearchOutcome, hw: Hardware) -> dict[str, Any]:
     """Everything ``rec.diagnosis`` holds. ``"bottleneck"`` and ``"ceiling_samples_per_s"`` are
     the stable keys: the stage limiting the winner, and the achievable rate estimated."""
     win = describe_trial(outcome.results_for(outcome.winner))
+    est = outcome.winner_estimates
     diag: dict[str, Any] = {
         "bottleneck": win["bottleneck"] if win else None,
-        "ceiling_samples_per_s": outcome.estimates.achievable if outcome.estimates else None,
+        "ceiling_samples_per_s": est.achievable if est else None,
         "percent_of_ceiling": None,
         "winner": win,
         "baseline": describe_trial(outcome.results_for(outcome.baseline)),
-        "ceilings": ceilings(outcome.estimates),
+        "ceilings": ceilings(est),
         "scaling": scaling(outcome),
         "memory": {"gpu": gpu_memory(outcome), "host": host_memory(outcome, hw)},
         "failures": failures_seen(outcome),

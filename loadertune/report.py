@@ -316,6 +316,7 @@ def _tuned_line(entry: Mapping[str, Any]) -> str | None:
         chosen_by=w.get("chosen_by"),
         rebuilt=bool(w.get("rebuilt_by_framework")),
         recreated=bool(w.get("recreated_each_epoch")),
+        key=w.get("key") or (),
     )
 
 

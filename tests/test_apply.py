@@ -126,3 +126,56 @@ def test_what_runs_the_script_is_not_part_of_a_loaders_key(tmp_path, monkeypatch
         run_as_main(str(script), [])
     (record,) = controller.created
     assert [site.rsplit("/", 1)[-1] for site in record.identity] == ["train.py:4", "train.py:6"]
+
+
+def test_a_loader_left_alone_is_named_once_not_at_every_re_creation() -> None:
+    """The Hugging Face Trainer creates (and Accelerate rebuilds) an evaluation loader at every
+    evaluation, at the training loader's line: one line says it is not changed, not one each."""
+    entry = SavedEntry(
+        "script mytrain.py:13", KWARGS, call_site="mytrain.py:13", dataset="mypkg.Images"
+    )
+    _, lines, _ = _run([entry])
+    (line,) = [line for line in lines if "not changed" in line]
+    assert "#3 at mytrain.py:13" in line
+
+
+TOGETHER = textwrap.dedent("""
+    from torch.utils.data import DataLoader
+    from workloads import TensorDataset
+
+    sets = [TensorDataset(n=32), TensorDataset(n=16)]
+    for epoch in range(2):
+        train, val = [DataLoader(ds, batch_size=4) for ds in sets]
+        for batch in train:
+            pass
+        for batch in val:
+            pass
+""")
+
+
+def test_loaders_created_together_at_one_line_are_told_apart() -> None:
+    """Two identical loaders from one list comprehension shared one key, so an entry tuned on
+    one went to both. Created before either is iterated, they are two loaders (the second's
+    key says so); created again at the next epoch, each is the same loader as before."""
+    found = ApplySaved([], report=lambda line: None)
+    with patched(found):
+        exec(compile(TOGETHER, "together.py", "exec"), {"__name__": "__main__"})
+    keys = [r.identity for r in found.created]
+    assert keys[0] != keys[1]
+    assert keys[2:] == keys[:2]  # the next epoch's: the same two loaders
+    assert "the 2nd created there" in found.created[1].describe()
+    entry = SavedEntry(
+        "script together.py:7",
+        KWARGS,
+        call_site="together.py:7",
+        key=keys[1],
+        dataset="workloads.TensorDataset",
+    )
+    lines: list[str] = []
+    controller = ApplySaved([entry], report=lines.append)
+    namespace: dict = {"__name__": "__main__"}
+    with patched(controller):
+        exec(compile(TOGETHER, "together.py", "exec"), namespace)
+    assert [r.index for r in entry.applied] == [2, 4]  # val, at each epoch
+    assert (namespace["train"].num_workers, namespace["val"].num_workers) == (0, 2)
+    assert any("#1 at together.py:7" in line and "not changed" in line for line in lines)

@@ -138,7 +138,8 @@ def _edited(tmp_path: Path, entry: dict, **kwargs: object) -> Path:
 
 def run_applies_only_to_the_tuned_loader(
     script: str, tmp_path: Path, entry: dict, *, other_batch: int, args: list[str]
-) -> None:
+) -> str:
+    """``run`` with the entry edited: its settings reach the tuned loader only; its stderr."""
     path = _edited(tmp_path, entry, batch_size=24, num_workers=1, prefetch_factor=2)
     proc = _cli(["run", script, "--file", str(path), "--", *args], tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -148,6 +149,7 @@ def run_applies_only_to_the_tuned_loader(
     assert (24, "0") in made  # the training loader: the entry's batch size, in a worker
     assert (other_batch, "main") in made  # the validation loader: as the script built it
     assert {length for length, worker in made if worker == "main"} == {other_batch}
+    return proc.stderr
 
 
 def _no_rank_left() -> None:
@@ -290,3 +292,47 @@ def test_a_plain_search_of_a_distributed_script_says_to_use_nproc_per_node(
     assert proc.returncode == 1
     assert "--nproc-per-node" in proc.stderr
     assert not (tmp_path / "r.json").exists()
+
+
+# -- scripts held back while issue 11 was built, written as users write them ---------------------
+
+
+def test_accelerate_with_gradient_accumulation_runs_every_batch_size_it_records(
+    tmp_path: Path,
+) -> None:
+    """A trial at another batch size than its hot-swapping process's prepared loader ran was
+    recorded ``not_applied``: it now gets a process whose loader is built with that size."""
+    _needs("accelerate")
+    entry = search("accelerate_accumulate.py", tmp_path, "--batch-sizes", "16,32", budget=30)
+    _tuned(entry, _line("accelerate_accumulate.py", "train_dl = DataLoader("), "__main__.Slow")
+    assert not [t for t in entry["trials"] if t["error"] == "not_applied"], entry["trials"]
+    assert check_trials_ran_their_settings(entry, tmp_path, val_batch=100) >= 1
+    run_applies_only_to_the_tuned_loader(
+        "accelerate_accumulate.py", tmp_path, entry, other_batch=100, args=["--epochs", "1"]
+    )
+
+
+def test_hugging_face_trainer_evaluating_every_50_steps(tmp_path: Path) -> None:
+    """``run`` names the evaluation loaders it leaves alone once, not twice per evaluation."""
+    _needs("transformers", "accelerate")
+    out = str(tmp_path / "hf")
+    entry = search("hf_trainer_steps.py", tmp_path, "--", "--out", out, budget=30)
+    _tuned(entry, _line("hf_trainer_steps.py", "trainer.train()"), "__main__.Reviews")
+    assert check_trials_ran_their_settings(entry, tmp_path, val_batch=40) >= 1
+    stderr = run_applies_only_to_the_tuned_loader(
+        "hf_trainer_steps.py", tmp_path, entry, other_batch=40, args=["--out", out, "--epochs", "2"]
+    )
+    assert stderr.count("not changed") == 1, stderr[-3000:]
+
+
+def test_torchrun_ranks_are_main_processes_not_workers(tmp_path: Path) -> None:
+    """Under ``--nproc-per-node 2`` the ranks were counted as loader workers: a baseline with
+    ``num_workers=0`` showed half a CPU and 250 MiB of "workers"."""
+    entry = search("ddp_validate.py", tmp_path, "--nproc-per-node", "2", budget=30)
+    _tuned(entry, _line("ddp_validate.py", "train_loader = DataLoader("), "__main__.Slow")
+    base = entry["baseline"]
+    assert base["loader_kwargs"]["num_workers"] == 0
+    assert (base["cpu_percent_workers"], base["worker_pss_bytes"]) == (0, None), base
+    assert base["cpu_percent_main"] > 0
+    assert check_trials_ran_their_settings(entry, tmp_path, val_batch=75) >= 1
+    _no_rank_left()

@@ -19,9 +19,11 @@ RANKS = {
     "loadertune.tracebacks": 0,
     "loadertune.config": 1,
     "loadertune.store": 1,
+    "loadertune.workload_keys": 1,  # the store's keys
     "loadertune.measure": 2,
     "loadertune.hardware": 3,
     "loadertune.trials": 4,
+    "loadertune.trials.processes": 4,  # a script's trial processes: started, killed, their logs
     "loadertune.search": 5,
     "loadertune.search.opening": 5,  # the driver's opening (baseline, probe, resume): beside it
     "loadertune.analysis": 6,

@@ -355,3 +355,66 @@ def test_estimates_are_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         est.max_workers = 3  # type: ignore[misc]
     assert math.isfinite(est.achievable)
+
+
+# -- the step at other batch sizes ---------------------------------------------------------------
+
+
+def _replay(batch_size: int, fixed_s: float, per_sample_s: float) -> TrialResult:
+    """A replay of a step that takes ``fixed_s + per_sample_s * batch`` seconds a batch."""
+    rate = batch_size / (fixed_s + per_sample_s * batch_size)
+    return _result(
+        Config(batch_size), samples_per_s=rate, blocked=0.0, cpu_main=100.0, phase="replay"
+    )
+
+
+def _two_replays(fixed_s: float, per_sample_s: float) -> Estimates:
+    """Loading costs 1 ms of CPU a sample; the step is replayed at batch 32 and 128."""
+    w0 = _result(Config(32), samples_per_s=800.0, blocked=0.8, blocked_cpu=0.97)
+    w1 = _result(Config(32, 1), samples_per_s=900.0, blocked=0.5)
+    return estimate(
+        w0=w0,
+        w1=w1,
+        replay=_replay(32, fixed_s, per_sample_s),
+        replay2=_replay(128, fixed_s, per_sample_s),
+        usable_cpus=32,
+        max_workers=64,
+    )
+
+
+def test_two_replays_tell_the_steps_fixed_cost_and_its_rate_at_every_batch() -> None:
+    est = _two_replays(fixed_s=0.02, per_sample_s=1e-4)
+    assert est.step_per_batch_s == pytest.approx(0.02)
+    for bs in (16, 32, 64, 512):
+        assert est.at(bs).consumer_ceiling == pytest.approx(bs / (0.02 + 1e-4 * bs))
+    assert est.at(512).cpu_ceiling > est.at(32).cpu_ceiling  # the step's CPU share falls too
+    # the workers a batch size needs follow its step's rate
+    assert est.at(512).workers_needed() > 3 * est.at(32).workers_needed()
+    # a step with no fixed cost is as fast per sample at any batch: nothing changes
+    flat = _two_replays(fixed_s=0.0, per_sample_s=1e-3)
+    assert flat.step_per_batch_s == pytest.approx(0.0, abs=1e-9)
+    assert flat.at(512) == flat
+
+
+def test_one_replay_leaves_the_step_the_same_at_every_batch() -> None:
+    est = _cpu_bound()
+    assert est.step_per_batch_s == 0.0 and est.at(512) == est
+
+
+def test_seeds_at_a_larger_batch_get_the_workers_its_faster_step_needs() -> None:
+    """With a step of 20 ms a batch and little per sample, batch 512 runs its step 10x faster
+    per sample than batch 32: it goes first, with the workers it needs, then 128, then the
+    user's 32 with fewer."""
+    est = _two_replays(fixed_s=0.02, per_sample_s=1e-5)
+    space = SearchSpace(batch_sizes=(32, 128, 512), max_workers=64, limits={"cpu": 64})
+    seeds = seed_configs(est, space, batch_size=32, epoch_length_known=False)
+    assert [c.batch_size for c in seeds[:3]] == [512, 128, 32], seeds
+    assert seeds[0].num_workers > 3 * seeds[2].num_workers, seeds
+
+
+def test_seeds_start_at_the_users_batch_when_no_batch_size_is_predicted_faster() -> None:
+    """One replay (no fixed cost known), or a loader that limits every batch size alike: the
+    user's batch first, then the others from the smallest (the cheapest trials)."""
+    space = SearchSpace(batch_sizes=(16, 64, 256), max_workers=3, limits={"cpu": 3})
+    seeds = seed_configs(_cpu_bound(), space, batch_size=64, epoch_length_known=False)
+    assert [c.batch_size for c in seeds[:3]] == [64, 16, 256], seeds

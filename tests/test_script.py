@@ -222,3 +222,65 @@ def test_a_runner_takes_its_state_back_only_for_the_script_as_it_was(tmp_path: P
         assert not edited.restore(state) and edited.loader_info is None
     finally:
         edited.close()
+
+
+def test_a_batch_sampler_gets_each_batch_size_in_a_fresh_process() -> None:
+    """A hot swap keeps a batch sampler's batches: a trial at another batch size than the
+    process's loader runs gets a fresh process, whose loader is built with a batch sampler of
+    that size (it was recorded as ``not_applied`` before)."""
+    runner = ScriptRunner(SCRIPTS / "batch_sampler.py")
+    limits = Limits(timeout_s=60, startup_s=30, hang_s=5)
+    configs = [None, Config(32, 1, 2), Config(32, 0), Config(16, 1, 2)]
+    try:
+        results = [
+            runner.run(c, window=window_for(c or Config(1), window_s=0.3), limits=limits)
+            for c in configs
+        ]
+        assert runner.n_launches == 3  # 16, then 32 twice in one process, then 16 again
+    finally:
+        runner.close()
+    assert all(r.ok for r in results), [r.failure for r in results]
+    ran = [r.extra["ran"] for r in results]
+    assert [max(x["batch_lengths"]) for x in ran] == [16, 32, 32, 16]
+    assert ran[1]["pid"] == ran[2]["pid"] != ran[3]["pid"]
+
+
+def test_a_loader_iterated_too_seldom_to_be_measured_says_so() -> None:
+    """rare_val.py's validation loader (#1: 4 batches, then a training epoch of 4 s): its epoch
+    ends before the window does and it rests past the watchdog. That is said, and stops the
+    search (every setting would do the same), instead of "no progress: a worker hung"."""
+    runner = ScriptRunner(SCRIPTS / "rare_val.py", loader="rare_val.py:11")
+    limits = Limits(timeout_s=60, startup_s=30, hang_s=2)
+    try:
+        result = runner.run(Config(64), window=window_for(Config(64), window_s=1.0), limits=limits)
+    finally:
+        runner.close()
+    assert result.error == "timeout"
+    assert result.failure is not None and result.failure.user_bug
+    assert "DataLoader #1 at " in result.failure.message
+    assert "went unused for 2 s after one of its epochs" in result.failure.message
+    assert "leave out --loader" in result.failure.advice
+
+
+def test_a_loader_resting_briefly_between_its_epochs_is_measured_in_them() -> None:
+    """With training epochs of 0.2 s, the same validation loader fills its window over a few
+    of its epochs: the rests between them are left out of it."""
+    runner = ScriptRunner(SCRIPTS / "rare_val.py", ["200"], loader="rare_val.py:11")
+    limits = Limits(timeout_s=60, startup_s=30, hang_s=2)
+    try:
+        result = runner.run(Config(64), window=window_for(Config(64), window_s=1.0), limits=limits)
+    finally:
+        runner.close()
+    assert result.ok, result.failure
+    assert result.measurement is not None and result.measurement.n_samples > 256  # epochs
+
+
+def test_a_window_filled_before_the_optimizer_chose_its_loader_is_measured_again() -> None:
+    """accumulate.py steps once every 16 batches: the window of the loader (then a mere
+    candidate) fills before its second step says it feeds the optimizer. It was dropped then,
+    and its choice left the trial with no meter: "no progress" (seen with Accelerate's gradient
+    accumulation). It is measured again from there."""
+    result = run("accumulate.py", None, phase="baseline", window_s=0.3)
+    assert result.ok, result.failure
+    assert result.extra["loader"]["chosen_by"] == "the optimizer"
+    assert result.measurement is not None and result.measurement.n_batches > 0

@@ -46,8 +46,10 @@ class FakeRunner(BaseRunner):
         interrupt_after: int | None = None,
         needs_timeout_s: Callable[[str], float] = lambda phase: 0.0,
         clock: SimpleNamespace | None = None,
+        replay_rate: float = 1e6,
     ) -> None:
         self.rate, self.fail = rate, fail
+        self.replay_rate = replay_rate
         self.epoch_samples = epoch_samples
         self.bytes_per_sample = 64.0
         self.cost_s = cost_s
@@ -87,7 +89,7 @@ class FakeRunner(BaseRunner):
             result.failure = failure
             return result
         if phase == "replay":
-            rate, blocked = 1e6, 0.0
+            rate, blocked = self.replay_rate, 0.0
         else:
             rate = self.rate(config)
             blocked = 0.9 if config.num_workers == 0 else 0.3
@@ -587,6 +589,96 @@ def test_the_best_of_each_batch_size_that_waits_for_data_climbs(tmp_path, hw) ->
     assert search.agenda.next(space) == Config(32, 8, 2)
     search.agenda._climb(space)
     assert search.agenda.next(space) is None  # planned once
+
+
+def test_a_best_that_does_not_wait_for_data_tries_another_batch_size() -> None:
+    """Its step sets the pace, so only the batch size can help: the largest first (the far
+    end), then between the best and a larger one that lost, then the smaller side; never
+    while the best waits for data (its workers come first), never a setting ruled out."""
+    from loadertune.search import plan
+    from loadertune.search.space import SearchSpace
+
+    space = SearchSpace(batch_sizes=(16, 32, 64, 128, 256), max_workers=8, limits={"cpu": 8})
+    values = {Config(32, 4, 2): 1000.0}
+    blocked = {Config(32, 4, 2): 0.02}
+
+    def other(skip=lambda c: False) -> Config | None:
+        return plan.other_batch(values, blocked, space, skip=skip)
+
+    assert other() == Config(256, 4, 2)
+    values[Config(256, 4, 2)], blocked[Config(256, 4, 2)] = 800.0, 0.0  # lost
+    assert other() == Config(128, 4, 2)  # between 32 and 256
+    values[Config(128, 4, 2)], blocked[Config(128, 4, 2)] = 900.0, 0.0
+    assert other() == Config(64, 4, 2)
+    values[Config(64, 4, 2)], blocked[Config(64, 4, 2)] = 950.0, 0.0
+    assert other() == Config(16, 4, 2)  # the larger side is done: the smaller one
+    assert other(skip=lambda c: c.batch_size == 16) is None
+    # a larger batch that wins moves the best: from there, what lies between it and 256
+    values[Config(128, 4, 2)] = 1500.0
+    assert other() is None  # 64 and 256 are measured on either side
+    del values[Config(64, 4, 2)], blocked[Config(64, 4, 2)]
+    assert other() == Config(64, 4, 2)
+    # a best that waits for data climbs in workers instead
+    blocked[Config(128, 4, 2)] = 0.4
+    assert other() is None
+    # a batch the memory model rules out is passed over for the next one down
+    values, blocked = {Config(32, 4, 2): 1000.0}, {Config(32, 4, 2): 0.0}
+    assert other(skip=lambda c: c.batch_size == 256) == Config(128, 4, 2)
+
+
+@pytest.mark.parametrize(
+    ("batch_sizes", "replayed"), [([32, 64, 128], [32, 128]), ([32], [32]), ([8, 32], [32, 8])]
+)
+def test_the_step_is_replayed_at_a_second_batch_size_when_several_are_offered(
+    tmp_path, hw, batch_sizes, replayed
+) -> None:
+    """The user's batch first; the largest offered (or the smallest) second: two batch sizes
+    tell the step's fixed cost per batch, so the seeds know each batch size's ceiling."""
+    runner = FakeRunner(io_landscape)
+    Search(
+        runner,
+        hardware=hw,
+        baseline=Config(32),
+        batch_sizes=batch_sizes,
+        settings=settings(tmp_path, budget_s=10, n_trials=4),
+    ).run()
+    assert [c.batch_size for phase, c in runner.log if phase == "replay"] == replayed
+
+
+def test_a_replay_measured_below_the_baseline_does_not_end_the_search_at_once(tmp_path, hw):
+    """A noisy replay (the step alone) slower than the whole loop measured: its "ceiling" is
+    reached by the baseline itself, but the search explores workers before it believes it."""
+    runner = FakeRunner(io_landscape, replay_rate=300.0)
+    outcome = Search(
+        runner,
+        hardware=hw,
+        baseline=Config(32),
+        batch_sizes=[32],
+        settings=settings(tmp_path, budget_s=15),
+    ).run()
+    explored = [c for phase, c in runner.log if phase == "search"]
+    assert len(explored) >= 3, (outcome.stop_reason, runner.log)
+    assert outcome.winner.num_workers > 0
+
+
+def test_the_worker_range_is_not_widened_for_a_best_that_does_not_wait(tmp_path, hw) -> None:
+    """More workers buy nothing when the step sets the pace, whatever a noisy rate says."""
+    from loadertune.search.space import SearchSpace
+
+    search = Search(
+        FakeRunner(io_landscape),
+        hardware=hw,
+        baseline=Config(32),
+        batch_sizes=[32],
+        settings=settings(tmp_path),
+    )
+    space = SearchSpace(batch_sizes=(32,), max_workers=16, limits={"cpu": 16})
+    best = TrialResult(Config(32, 16, 2), phase="search")
+    search.ledger.best, search.ledger.values[best.config] = best, 1000.0
+    search.ledger.blocked[best.config] = 0.01
+    assert search.agenda.update(space) is space
+    search.ledger.blocked[best.config] = 0.3
+    assert search.agenda.update(space).max_workers == 32
 
 
 def test_a_setting_that_ran_out_of_memory_is_tried_next_with_the_workers_that_fit(

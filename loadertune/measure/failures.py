@@ -329,6 +329,24 @@ def hang(seconds: float) -> Failure:
     )
 
 
+def rested(seconds: float, loader: str = "the tuned DataLoader") -> Failure:
+    """The tuned loader's epoch ended before its window did, and the script had not iterated
+    it again ``seconds`` later: a loader used this seldom (a validation loader between training
+    epochs) cannot fill a window in a trial's time. Every setting would do the same: it stops."""
+    advice = (
+        "tune the loader the training loop iterates (leave out --loader, or name that one), "
+        "or run the script with less work between its passes over this loader"
+    )
+    return Failure(
+        FailureKind.TIMEOUT,
+        f"{loader} went unused for {seconds:.0f} s after one of its epochs, before its "
+        "measured window was full: the script iterates it too seldom to be measured (a "
+        "validation loader between training epochs?)",
+        advice,
+        user_bug=True,
+    )
+
+
 def memory_budget(used_bytes: int, budget_bytes: int) -> Failure:
     """The process tree's memory crossed the budget; the trial was stopped before the OOM killer."""
     return Failure(

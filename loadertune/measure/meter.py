@@ -18,128 +18,15 @@ raises ``StopIteration`` (or calls ``on_done``, which may end the process).
 from __future__ import annotations
 
 import math
-import statistics
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from loadertune.measure.counting import FixedCount, structure_counter
+from loadertune.measure.window import Measurement, NullSink, Sink, WindowSpec
 
-
-@dataclass(frozen=True)
-class WindowSpec:
-    """How long to measure.
-
-    Attributes:
-        warmup_batches: batches consumed after the first one and before the window; at least the
-            batches in flight (``num_workers * prefetch_factor``): a full buffer must not
-            inflate the window.
-        settled_after: the warm-up may end sooner, once this many batches have come (every
-            worker has started and delivered), at the first ``next()`` that waited
-            :data:`SETTLED_WAIT_S` or more: the buffer is empty and the loader sets the pace from
-            there on, so draining the rest by count would only wait for batches that are not
-            there (with seconds-long batches, a minute). None: by count only.
-        window_s: seconds of the measured window.
-        min_window_batches: the window also lasts at least this many batches, unless it has
-            lasted twice ``window_s`` already (a few slow batches measure a slow loop as well
-            as many fast ones: a window of seconds-long batches must not take a minute).
-        n_sub_windows: the window is split in this many equal-time parts, each reported.
-        round_batches: batches per round of the workers (``num_workers``; 1 without workers).
-            Workers deliver in turn and start together, and each takes about as long per batch,
-            so batches arrive in bursts of one per worker, a batch-time apart: a window or
-            sub-window shorter than a round measures a burst or a gap, not the rate. Sub-windows
-            (and so the window) end only after whole rounds, unless the loop hardly waits for
-            data (then batches come at the step's pace).
-    """
-
-    warmup_batches: int
-    window_s: float
-    min_window_batches: int = 4
-    n_sub_windows: int = 4
-    settled_after: int | None = None
-    round_batches: int = 1
-
-    def is_full(self, elapsed_s: float, batches: float) -> bool:
-        """The window has run its length: ``window_s`` and ``min_window_batches``, or twice
-        ``window_s`` whatever the batches."""
-        return elapsed_s >= self.window_s and (
-            batches >= self.min_window_batches or elapsed_s >= 2 * self.window_s
-        )
-
-    def __post_init__(self) -> None:
-        if (
-            self.warmup_batches < 0
-            or self.window_s <= 0
-            or self.n_sub_windows < 1
-            or (self.settled_after is not None and self.settled_after < 0)
-            or self.round_batches < 1
-        ):
-            raise ValueError(f"invalid window: {self}")
-
-
-class Sink(Protocol):
-    """Who hears about a trial while it runs (the supervisor, in this process or another)."""
-
-    def event(self, name: str) -> None:
-        """``"first_batch"``, ``"window_start"``, ``"window_end"`` or ``"beat"`` (a heartbeat)."""
-
-    def progress(self, index: int, samples_per_s: float) -> bool:
-        """Sub-window ``index`` ended with this running rate; return False to stop (pruned)."""
-
-
-class NullSink:
-    def event(self, name: str) -> None:
-        pass
-
-    def progress(self, index: int, samples_per_s: float) -> bool:
-        return True
-
-
-@dataclass
-class Measurement:
-    """What one measured window showed. Rates count samples, not batches."""
-
-    samples_per_s: float  # steady state over the window
-    sub_window_samples_per_s: list[float]
-    blocked_fraction: float  # of the window's wall time spent waiting in next()
-    first_batch_s: float  # iter() to the first batch: worker start-up and first fetch
-    warmup_s: float
-    window_s: float
-    n_samples: int
-    n_batches: int
-    complete: bool  # the window ran its full length
-    stopped_early: bool = False  # a progress() call asked to stop (pruned)
-    reentry_s: list[float] = field(default_factory=list)  # first batch after each re-entry
-    blocked_cpu_fraction: float | None = None  # CPU time / wall time inside next(), if measured
-    step_s_per_batch: float = 0.0  # mean time between next() calls: the loop body
-
-    @property
-    def spread(self) -> float:
-        """Relative spread of the sub-window rates: (max - min) / median; 0 with one sub-window."""
-        rates = [r for r in self.sub_window_samples_per_s if r > 0]
-        if len(rates) < 2:
-            return 0.0
-        return (max(rates) - min(rates)) / statistics.median(rates)
-
-    @property
-    def low_confidence(self) -> bool:
-        return not self.complete or self.n_batches < 3
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["spread"] = self.spread
-        data["low_confidence"] = self.low_confidence
-        return data
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Measurement:
-        """The measurement :meth:`to_dict` wrote (its derived figures are left out)."""
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
-
-
-# ---------------------------------------------------------------------------------------------
-# The meter
+# What a meter takes, tells and returns (in window.py) is imported from here too.
+__all__ = ["Measurement", "Meter", "NullSink", "Sink", "WindowSpec"]
 
 _FIRST, _WARMUP, _OPENING, _WINDOW, _DONE = range(5)
 # A next() that waits this long found no batch ready (a ready one is handed over in well under a
@@ -265,6 +152,8 @@ class Meter:
             if self._phase == _WINDOW:  # the loop was elsewhere between two epochs (validation)
                 self._excluded += now - self._paused_at
             self._paused_at = None
+            if self._phase != _DONE:
+                self._sink.event("beat")  # back from a rest
         self._t_wrap = now
         self._index_in_epoch = 0
         self._n_wraps += 1
@@ -297,6 +186,7 @@ class Meter:
             batch = next(self._it)  # type: ignore[arg-type]
         except StopIteration:
             self._paused_at = t0
+            self._sink.event("rest")  # the epoch ended inside the window
             raise
         except BaseException:
             self.failed_in_next = True
@@ -331,6 +221,8 @@ class Meter:
             batch = next(self._it)
         except StopIteration:
             self._paused_at = t0
+            if phase != _FIRST:  # the epoch ended before the window did: the loop is elsewhere
+                self._sink.event("rest")
             raise
         except BaseException:
             self.failed_in_next = True  # the loader raised, not the loop's body

@@ -2,10 +2,11 @@
 
 A :class:`ResourceSampler` runs in the supervising process (a thread beside an in-process trial,
 or the parent of a script trial). It watches ``root_pid`` and all its descendants (the DataLoader
-workers). Reading PSS costs about 5 ms per process, so PSS is read only at the window's ends and to
-confirm a suspected budget breach; the periodic check sums RSS (an overestimate: shared pages
-count once per process). GPU utilization comes from NVML's own sample buffer over the window,
-with polling as a fallback for devices that cannot report it.
+workers; under torch's launcher, the ranks too: they are main processes, not workers, once named
+in :attr:`ResourceSampler.main_pids`). Reading PSS costs about 5 ms per process, so PSS is read
+only at the window's ends and to confirm a suspected budget breach; the periodic check sums RSS
+(an overestimate: shared pages count once per process). GPU utilization comes from NVML's own
+sample buffer over the window, with polling as a fallback for devices that cannot report it.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from loadertune.measure import nvml
 class ResourceUsage:
     """Resources a trial used during its measured window. 100% CPU = one CPU busy."""
 
-    cpu_percent_main: float | None = None
+    cpu_percent_main: float | None = None  # the main processes': the trial's, or every rank's
     cpu_percent_workers: float | None = None
     n_workers: int = 0
     pss_bytes: int | None = None  # main + workers, at the window's end
@@ -160,6 +161,8 @@ class ResourceSampler:
 
     Args:
         root_pid: the trial's main process (this one, for an in-process trial).
+            :attr:`main_pids` names more main processes below it (the ranks under torch's
+            launcher, whose root is the launcher); every other descendant is a worker.
         budget_bytes: the tree's PSS that ends the trial (None: no check).
         gpu_index: NVML index of the trial's GPU, or None without one.
     """
@@ -170,6 +173,7 @@ class ResourceSampler:
         self, root_pid: int, *, budget_bytes: int | None = None, gpu_index: int | None = None
     ) -> None:
         self._root = psutil.Process(root_pid)
+        self.main_pids: set[int] = set()
         self._budget = budget_bytes
         self.gpu_index = gpu_index
         self._stop = threading.Event()
@@ -207,7 +211,8 @@ class ResourceSampler:
         end = _Snapshot(time.monotonic(), _cpu_seconds(procs), _memory_full(procs))
         start = self._start
         u = self.usage
-        workers = [pid for pid in end.cpu if pid != self._root.pid]
+        mains = self._mains()
+        workers = [pid for pid in end.cpu if pid not in mains]
         u.n_workers = len(workers)
         if start is not None and end.wall > start.wall:
             wall = end.wall - start.wall
@@ -216,7 +221,8 @@ class ResourceSampler:
                 busy = sum(end.cpu[p] - start.cpu.get(p, end.cpu[p]) for p in pids)
                 return 100.0 * busy / wall
 
-            u.cpu_percent_main = percent([self._root.pid]) if self._root.pid in end.cpu else None
+            main = [pid for pid in end.cpu if pid in mains]
+            u.cpu_percent_main = percent(main) if self._root.pid in end.cpu else None
             u.cpu_percent_workers = percent(workers)
             if start.memory is not None and end.memory is not None:
                 common = [p for p in workers if p in start.memory and p in end.memory]
@@ -240,10 +246,14 @@ class ResourceSampler:
         """What each worker held when the budget was crossed: the search learns from a failed
         trial how many workers would fit."""
         u = self.usage
-        workers = [pss for pid, (pss, _) in memory.items() if pid != self._root.pid]
+        mains = self._mains()
+        workers = [pss for pid, (pss, _) in memory.items() if pid not in mains]
         u.pss_bytes = sum(pss for pss, _ in memory.values())
         u.n_workers = len(workers)
         u.worker_pss_bytes = int(statistics.fmean(workers)) if workers else None
+
+    def _mains(self) -> set[int]:
+        return {self._root.pid, *self.main_pids}
 
     def _run(self) -> None:
         # Finding the tree scans every process of the machine and counting descriptors lists

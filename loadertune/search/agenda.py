@@ -53,6 +53,7 @@ class Agenda:
         self._back_off(space)
         space = self._widen(space)
         self._climb(space)
+        self._other_batch(space)
         return space
 
     def next(self, space: SearchSpace) -> Config | None:
@@ -113,19 +114,33 @@ class Agenda:
     def _climb(self, space: SearchSpace) -> None:
         """Plan the climbs (see :func:`plan.climbs`) ahead of the remaining seeds, each once."""
 
-        def skip(config: Config) -> bool:
-            seen = config in self._climbed or config in self.ledger.values
-            self._climbed.add(config)
-            return seen or self.ledger.frontier.rules_out(config) is not None
+        self._queue[:0] = plan.climbs(
+            self.ledger.values, self.ledger.blocked, space, skip=self._planned_before
+        )
 
-        self._queue[:0] = plan.climbs(self.ledger.values, self.ledger.blocked, space, skip=skip)
+    def _other_batch(self, space: SearchSpace) -> None:
+        """Plan another batch size for a best that does not wait for data (see
+        :func:`plan.other_batch`) first, each once."""
+        config = plan.other_batch(
+            self.ledger.values, self.ledger.blocked, space, skip=self._planned_before
+        )
+        if config is not None:
+            self._queue.insert(0, config)
+
+    def _planned_before(self, config: Config) -> bool:
+        seen = config in self._climbed or config in self.ledger.values
+        self._climbed.add(config)
+        return seen or self.ledger.frontier.rules_out(config) is not None
 
     def _widen(self, space: SearchSpace) -> SearchSpace:
-        """No rule of thumb caps the workers: when the best sits at the edge of the range and
-        only the CPU rule set that edge, double the range and try past the edge next."""
+        """No rule of thumb caps the workers: when the best sits at the edge of the range, still
+        waits for data, and only the CPU rule set that edge, double the range and try past the
+        edge next."""
         if self.ledger.best is None:
             return space
         best = self.ledger.best.config
+        if self.ledger.blocked.get(best, 1.0) < plan.CLIMB_BLOCKED:
+            return space  # its step sets the pace: more workers buy nothing
         wider = widened(space, best_workers=best.num_workers)
         if wider is not space:
             self._queue[:0] = plan.past_the_edge(best, wider)

@@ -177,6 +177,8 @@ class Search:
         if (
             est is not None
             and n_batch_sizes == 1
+            # one noisy replay must not end a search that has tried no worker setting yet
+            and self.ledger.n_explored >= plan.MIN_EXPLORED
             and self.ledger.best_value >= 0.97 * max(est.hard_ceiling, est.in_process_samples_per_s)
         ):
             return "at_ceiling"

@@ -172,9 +172,12 @@ class Opening:
             if self.observer:
                 self.observer.note(f"batch size left out of the search: {fixed}")
 
-    def _probe(self) -> tuple[TrialResult, TrialResult | None, TrialResult | None]:
+    def _probe(
+        self,
+    ) -> tuple[TrialResult, TrialResult | None, TrialResult | None, TrialResult | None]:
         """Baseline, num_workers=0 and 1 at the smallest batch offered, and the replay (see
-        :meth:`_replay_batch`).
+        :meth:`_replay_batch`); with several batch sizes, a second replay at another (see
+        :meth:`_second_replay_batch`).
 
         Only the baseline must succeed; a failed probe or replay, or one that does not fit in
         the budget left, leaves the estimates out (the search goes on without its seeds and
@@ -189,7 +192,7 @@ class Opening:
             w0 = self._kept_trial("probe", Config(bs))
         if w0 is None:
             if not self._fits(1):
-                return base, None, None
+                return base, None, None, None
             w0 = self._measure(Config(bs), "probe")
         cap = self.settings.max_workers
         # One worker tells a worker's memory and hand-over cost; a baseline with workers told
@@ -203,13 +206,23 @@ class Opening:
             and self._fits(2 + plan.MIN_EXPLORED)
         )
         planned = [(one, "probe")] if with_w1 else []
-        replay = self._kept_trial("replay")
-        if replay is None and w0.ok and self.runner.replays and self._fits(len(planned) + 1):
-            planned.append((Config(self._replay_batch(w0)), "replay"))
+        kept = {t.config: t for t in self._kept if t.phase == "replay"}
+        first = second = None
+        if w0.ok and self.runner.replays and (kept or self._fits(len(planned) + 1)):
+            first = self._replay_batch(w0)
+            if Config(first) not in kept:
+                planned.append((Config(first), "replay"))
+            second = self._second_replay_batch(w0, first)
+            if second is not None and Config(second) not in kept and self._fits(len(planned) + 2):
+                planned.append((Config(second), "replay"))
         ran = self._measure_many(planned, go_on=self._kept_one) if planned else []
         w1 = next((r for r in ran if r.phase == "probe"), w1)
-        replay = next((r for r in ran if r.phase == "replay"), replay)
-        return w0, (w1 if w1 is not None and w1.ok else None), replay
+        asked = [config for config, phase in planned if phase == "replay"]
+        done = [r for r in ran if r.phase == "replay"]  # fewer when the batch stopped early
+        replays = {**kept, **dict(zip(asked, done, strict=False))}
+        replay = replays.get(Config(first)) if first is not None else None
+        replay2 = replays.get(Config(second)) if second is not None else None
+        return w0, (w1 if w1 is not None and w1.ok else None), replay, replay2
 
     def _replay_batch(self, w0: TrialResult) -> int:
         """The batch size the replay runs at: the user's, where the consumer's ceiling matters;
@@ -217,13 +230,24 @@ class Opening:
         samples that takes seconds of the budget: then the largest batch offered below the
         user's that loads in :data:`REPLAY_LOAD_S` (the smallest at worst). The ceiling it gives
         is then low for the larger batches, which the search measures anyway."""
-        m = w0.measurement
         user = self.baseline.batch_size
-        if m is None or not m.n_samples:
-            return user
-        load_s = m.window_s * m.blocked_fraction / m.n_samples
+        load_s = _load_s_per_sample(w0)
         quick = [b for b in self.batch_sizes if b <= user and b * load_s <= REPLAY_LOAD_S]
         return max(quick, default=min(self.batch_sizes))
+
+    def _second_replay_batch(self, w0: TrialResult, first: int) -> int | None:
+        """With several batch sizes offered, the batch size of a second replay: the largest
+        offered that loads in :data:`REPLAY_LOAD_S`, or else the smallest, if it is not
+        ``first``. Two batch sizes tell the step's fixed cost per batch, and so its rate at
+        every batch size (the step's rate per sample grows with the batch when it has one)."""
+        if len(self.batch_sizes) < 2:
+            return None
+        load_s = _load_s_per_sample(w0)
+        quick = [b for b in self.batch_sizes if b * load_s <= REPLAY_LOAD_S]
+        second = max(quick, default=min(self.batch_sizes))
+        if second == first:
+            second = min(self.batch_sizes)
+        return None if second == first else second
 
     def _build_space(
         self, w0: TrialResult, w1: TrialResult | None, replay: TrialResult | None
@@ -247,7 +271,7 @@ class Opening:
         """A new study: probe, build the space, estimate, and record it all."""
         if self.observer:
             self.observer.phase("probe")
-        w0, w1, replay = self._probe()
+        w0, w1, replay, replay2 = self._probe()
         space = self._build_space(w0, w1, replay)
         est = (
             estimate(
@@ -257,6 +281,7 @@ class Opening:
                 usable_cpus=self.hw.usable_cpus,
                 max_workers=space.max_workers,
                 pinned=True in space.pin_memory,
+                replay2=replay2,
             )
             if w0.ok and replay is not None and replay.ok
             else None
@@ -277,3 +302,12 @@ class Opening:
             batch_sizes=tuple(sorted({*previous.space.batch_sizes, *self.batch_sizes})),
         )
         return space, previous.estimates
+
+
+def _load_s_per_sample(w0: TrialResult) -> float:
+    """Seconds to load a sample in the main process, from the ``num_workers=0`` trial (0 when
+    it measured nothing)."""
+    m = w0.measurement
+    if m is None or not m.n_samples:
+        return 0.0
+    return m.window_s * m.blocked_fraction / m.n_samples

@@ -45,6 +45,11 @@ class SearchOutcome:
     def study_name(self) -> str:
         return self.settings.study
 
+    @property
+    def winner_estimates(self) -> Estimates | None:
+        """The probe's estimates at the winner's batch size (its step's ceiling is its own)."""
+        return self.estimates.at(self.winner.batch_size) if self.estimates else None
+
     def results_for(self, config: Config) -> list[TrialResult]:
         """The measurements that speak for ``config``: its confirmation rounds, else its trials."""
         if self.confirmation is not None and self.confirmation.results.get(config):

@@ -4,6 +4,8 @@ what it has measured (no clock, no Optuna), so each can be read and tested alone
 - :func:`robust_best`: the bar a gain, a prune or patience is measured against.
 - :func:`climbs`: the barrel principle, one step (a best that waits for data gets workers).
 - :func:`past_the_edge`: the settings to try when the worker range was widened.
+- :func:`other_batch`: the barrel principle for the step: a best that does not wait for data
+  tries another batch size.
 - :func:`finalists`: the few re-measured side by side with the baseline.
 """
 
@@ -87,6 +89,46 @@ def past_the_edge(best: Config, wider: SearchSpace) -> list[Config]:
             for w in (wider.max_workers, min(wider.max_workers, 2 * best.num_workers))
         )
     )
+
+
+def other_batch(
+    values: Mapping[Config, float],
+    blocked: Mapping[Config, float],
+    space: SearchSpace,
+    *,
+    skip: Callable[[Config], bool],
+) -> Config | None:
+    """When the best explored setting hardly waits for data, its step sets the pace, and more
+    workers buy nothing: only another batch size can (the step's cost per sample, and the
+    fetch's, change with the batch). Try the best's loader settings at the largest batch size
+    offered first (the far extreme: the optimum of a step ``a + b·batch`` lies at an end); once
+    a larger batch was measured and lost, the one between (geometrically) it and the best's;
+    once every larger one is measured, the smaller ones the same way. None when no batch size
+    is left to try or the best waits for data (the climbs add workers first)."""
+    explored = [c for c in blocked if c in values]
+    if len(space.batch_sizes) < 2 or not explored:
+        return None
+    best = max(explored, key=lambda c: values[c])
+    if blocked[best] >= CLIMB_BLOCKED:
+        return None
+    tried = {c.batch_size for c in explored}
+    sizes = sorted(space.batch_sizes)
+    for side in (
+        [b for b in sizes if b > best.batch_size],
+        [b for b in reversed(sizes) if b < best.batch_size],
+    ):
+        # From the best outwards, the sizes up to the nearest one already measured (which lost:
+        # the best is elsewhere); with none measured, the far end first.
+        measured = [i for i, b in enumerate(side) if b in tried]
+        open_ = side[: measured[0]] if measured else side
+        if not open_:
+            continue
+        first = open_[len(open_) // 2] if measured else open_[-1]
+        for pick in [first, *(b for b in reversed(open_) if b != first)]:
+            config = space.nearest(dataclasses.replace(best, batch_size=pick))
+            if config.batch_size == pick and not skip(config):
+                return config
+    return None
 
 
 def finalists(

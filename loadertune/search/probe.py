@@ -7,7 +7,9 @@ Three measurements feed it (per sample, so the batch sizes they ran at need not 
 - ``num_workers=1``: the cost of a sample in a worker, inter-process transfer included, and a
   worker's memory.
 - replay: one cached batch fed to the step again and again: the consumer's rate with loading
-  taken away (and its CPU use).
+  taken away (and its CPU use). With several batch sizes offered, a second replay at another
+  batch size tells the step's fixed cost per batch (a step takes ``a + b·batch`` seconds), so
+  the ceilings, and the workers needed, are known at every batch size (:meth:`Estimates.at`).
 
 From these, the barrel principle gives the ceilings (loader, consumer, the CPUs they share) and
 the number of workers needed to reach the lowest one; the search starts around it.
@@ -15,6 +17,7 @@ the number of workers needed to reach the lowest one; the search starts around i
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -46,6 +49,10 @@ class Estimates:
         transfer_ceiling: host-to-device rate (GPU only), or None.
         in_process_samples_per_s: the measured rate with ``num_workers=0``; no estimate of what
             is achievable can be below a rate already measured.
+        step_per_batch_s: the step's fixed cost per batch (``a`` of ``a + b·batch``), from two
+            replays at different batch sizes; 0: unknown (one replay), the step's cost per
+            sample is then taken to be the same at every batch size.
+        step_batch_size: the batch size the step's figures above are for (0: unknown).
     """
 
     load_s_per_sample: float
@@ -60,6 +67,27 @@ class Estimates:
     cpu_ceiling: float
     transfer_ceiling: float | None = None
     in_process_samples_per_s: float = 0.0
+    step_per_batch_s: float = 0.0
+    step_batch_size: int = 0
+
+    def at(self, batch_size: int) -> Estimates:
+        """These estimates at ``batch_size``: the step's cost per sample is
+        ``a / batch + b``, its CPU use scales with it, and the consumer's and the CPUs' ceilings
+        follow; loading costs the same per sample at any batch. Unchanged without a fixed cost."""
+        a, ref = self.step_per_batch_s, self.step_batch_size
+        if a <= 0 or ref <= 0 or batch_size == ref or self.step_s_per_sample <= 0:
+            return self
+        step = a / batch_size + max(0.0, self.step_s_per_sample - a / ref)
+        step_cpu = self.step_cpu_per_sample * step / self.step_s_per_sample
+        per_sample_cpu = self.load_s_per_sample * self.load_cpu_fraction + step_cpu
+        return dataclasses.replace(
+            self,
+            step_s_per_sample=step,
+            step_cpu_per_sample=step_cpu,
+            consumer_ceiling=1.0 / step if step > 0 else math.inf,
+            cpu_ceiling=self.usable_cpus / per_sample_cpu if per_sample_cpu > 0 else math.inf,
+            step_batch_size=batch_size,
+        )
 
     @property
     def io_bound(self) -> bool:
@@ -128,6 +156,20 @@ def _per_sample(result: TrialResult, fraction: float) -> float:
     return fraction * m.window_s / m.n_samples
 
 
+def step_fixed_cost(replay: TrialResult, other: TrialResult | None) -> float:
+    """The step's fixed seconds per batch, ``a`` of ``a + b·batch``, from two replays at
+    different batch sizes (0 when there is one, or the two show no fixed cost)."""
+    if other is None or not other.ok or not replay.ok:
+        return 0.0
+    b1, b2 = replay.config.batch_size, other.config.batch_size
+    r1, r2 = replay.samples_per_s or 0.0, other.samples_per_s or 0.0
+    if b1 == b2 or r1 <= 0 or r2 <= 0:
+        return 0.0
+    t1, t2 = b1 / r1, b2 / r2  # seconds per batch
+    per_sample = max(0.0, (t2 - t1) / (b2 - b1))
+    return max(0.0, t1 - per_sample * b1)
+
+
 def estimate(
     *,
     w0: TrialResult,
@@ -136,9 +178,11 @@ def estimate(
     usable_cpus: int,
     max_workers: int,
     pinned: bool = True,
+    replay2: TrialResult | None = None,
 ) -> Estimates:
     """Estimates from the probe's trials (each must have succeeded). ``pinned``: the transfer
-    ceiling is the pinned copy rate (pin_memory is in the space) rather than the pageable one."""
+    ceiling is the pinned copy rate (pin_memory is in the space) rather than the pageable one.
+    ``replay2``: a replay at another batch size (see :func:`step_fixed_cost`)."""
     assert w0.measurement is not None and replay.measurement is not None
     load = _per_sample(w0, w0.measurement.blocked_fraction)
     cpu_fraction = w0.measurement.blocked_cpu_fraction
@@ -177,6 +221,8 @@ def estimate(
         cpu_ceiling=cpu_ceiling,
         transfer_ceiling=transfer_ceiling,
         in_process_samples_per_s=w0.samples_per_s or 0.0,
+        step_per_batch_s=step_fixed_cost(replay, replay2),
+        step_batch_size=replay.config.batch_size,
     )
 
 
@@ -195,6 +241,32 @@ def workers_to_feed(w0: TrialResult, replay: TrialResult | None, usable_cpus: in
     return max(1, math.ceil(target * wall))
 
 
+def _workers_to_try(est: Estimates, space: SearchSpace) -> tuple[int, int]:
+    """The workers ``est`` says are needed (within the space), and those to try first.
+
+    Far above the CPUs the estimate rests on waiting alone: storage that serves only so many
+    requests at once, or memory, may cap the useful workers well below it, and a trial of
+    hundreds of workers costs seconds to start and may not fit. Start at the geometric mean of
+    the CPUs and the estimate; the climbs double it while loading still waits."""
+    need = min(est.workers_needed(), space.max_workers)
+    floor = est.usable_cpus + 1
+    return need, (round(math.sqrt(floor * need)) if need > 2 * floor else need)
+
+
+def _batch_order(est: Estimates, space: SearchSpace, user: int) -> list[int]:
+    """The batch sizes, most promising first: by the rate predicted at each (within 5% of the
+    best is a tie), then the user's, then the smaller (a smaller batch's trial costs less: its
+    workers deliver sooner, and a round of them holds fewer samples)."""
+    rate = {bs: est.at(bs).achievable for bs in space.batch_sizes}
+    top = max(rate.values())
+
+    def rank(bs: int) -> tuple[bool, float, bool, int]:
+        tie = rate[bs] >= 0.95 * top
+        return (not tie, 0.0 if tie else -rate[bs], bs != user, bs)
+
+    return sorted(space.batch_sizes, key=rank)
+
+
 def seed_configs(
     est: Estimates,
     space: SearchSpace,
@@ -204,25 +276,21 @@ def seed_configs(
     limit: int | None = None,
 ) -> list[Config]:
     """The settings to try first, most promising first, all inside ``space``: the estimated
-    workers at the user's batch size, each other batch size once, then neighbours.
+    workers at the most promising batch size (see :func:`_batch_order`; the user's unless the
+    estimates predict another faster), each other batch size once, then neighbours.
     ``limit`` defaults to the number of batch sizes + 5."""
     if limit is None:
         limit = len(space.batch_sizes) + 5
     pin = True in space.pin_memory
     persist = epoch_length_known and True in space.persistent_workers
-    need = min(est.workers_needed(), space.max_workers)
-    # Far above the CPUs the estimate rests on waiting alone: storage that serves only so many
-    # requests at once, or memory, may cap the useful workers well below it, and a trial of
-    # hundreds of workers costs seconds to start and may not fit. Start at the geometric mean
-    # of the CPUs and the estimate; the climbs double it while loading still waits.
-    floor = est.usable_cpus + 1
-    first = round(math.sqrt(floor * need)) if need > 2 * floor else need
+    lead, *others = _batch_order(est, space, batch_size)
+    need, first = _workers_to_try(est.at(lead), space)
     wanted: list[Config] = []
     if need == 0 or space.max_workers == 0:
-        variants = [Config(batch_size, 0, None, pin)]
+        variants = [Config(lead, 0, None, pin)]
     else:
         variants = [
-            Config(batch_size, min(w, space.max_workers), pf, pin, persist)
+            Config(lead, min(w, space.max_workers), pf, pin, persist)
             for w, pf in (
                 (first, 2),
                 (first + 1, 2),
@@ -235,10 +303,10 @@ def seed_configs(
             if w >= 1
         ]
     wanted.append(variants[0])
-    for bs in space.batch_sizes:  # every other batch size once, at the estimated workers
-        if bs != batch_size:
-            w = first if space.max_workers else 0
-            wanted.append(Config(bs, w, 2 if w else None, pin, persist and w > 0))
+    # Every other batch size once, at the workers it needs (its step's rate is its own).
+    for bs in others:
+        w = _workers_to_try(est.at(bs), space)[1] if space.max_workers and need else 0
+        wanted.append(Config(bs, w, 2 if w else None, pin, persist and w > 0))
     wanted.extend(variants[1:])
     seeds: list[Config] = []
     for config in wanted:

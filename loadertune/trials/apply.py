@@ -7,7 +7,8 @@ loader that matches an entry with that entry's settings (a loader created again 
 or rebuilt by a framework, matches each time) and leaves every other loader alone. A loader
 created at an entry's line that differs otherwise (another dataset, reached another way: other
 framework functions, or another line calling the one that creates it) is named, with what
-differs, and not changed; an entry that matched nothing is named at the end,
+differs, and not changed (once per reason: the Hugging Face ``Trainer`` creates and rebuilds an
+evaluation loader at every evaluation); an entry that matched nothing is named at the end,
 with the loaders the script did create. Every loader's workers, changed or not, die with the run
 however it dies (:mod:`loadertune.trials.lifeline`), as a trial's do.
 """
@@ -23,7 +24,7 @@ from torch.utils.data import DataLoader
 from loadertune.config import Config, kwargs_label
 from loadertune.trials import lifeline
 from loadertune.trials import loader as dl
-from loadertune.trials.identity import LoaderRecord, matches_site, same_key
+from loadertune.trials.identity import LoaderRecord, matches_site, ordinal, same_key
 from loadertune.trials.patch import OriginalIter
 
 
@@ -61,6 +62,11 @@ class SavedEntry:
             return f"created at {record.call_site}, not {self.call_site}"
         if self.dataset and record.dataset and record.dataset != self.dataset:
             return f"it loads {record.dataset}, the entry was measured on {self.dataset}"
+        if self.key is not None and ordinal(record.identity) != ordinal(self.key):
+            return (
+                f"it is DataLoader #{record.index}, not the one the entry was measured on, of "
+                f"the loaders created together at {record.call_site}"
+            )
         if self.key is not None and not same_key(record.identity, self.key, user_frames=2):
             pairs = zip(record.identity, self.key, strict=False)
             mine, theirs = next(((a, b) for a, b in pairs if a != b), ("another way", "another"))
@@ -90,6 +96,7 @@ class ApplySaved:
         self.entries = entries
         self.report = report
         self.created: list[LoaderRecord] = []
+        self._said: set[tuple[str, str]] = set()  # (entry, why not changed): said once
 
     def on_create(self, record: LoaderRecord, arguments: dict[str, Any]) -> dict[str, Any]:
         self.created.append(record)
@@ -98,7 +105,11 @@ class ApplySaved:
             why = entry.differs(record)
             if why is None:
                 return self._apply(entry, record, arguments)
+            said = (entry.name, why)
             if entry.call_site and matches_site(record.call_site, entry.call_site):
+                if said in self._said:
+                    continue
+                self._said.add(said)
                 self.report(
                     f"loadertune: DataLoader {record.describe()} is not the loader {entry.name} "
                     f"was measured on ({why}); not changed"

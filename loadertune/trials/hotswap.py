@@ -2,24 +2,25 @@
 setting of the loader under it changes.
 
 When the script iterates the tuned loader, it gets a :class:`HotSwap`'s epoch instead of the
-loader's own iterator. Each setting runs as a :class:`Segment`: a plain ``DataLoader`` built from
-the script's loader (its dataset, sampler order, ``collate_fn``, ``worker_init_fn``, ``timeout``,
-``generator``, multiprocessing context...) with the setting applied and, as its batch sampler,
-the part of the epoch the script has not received yet. When a setting is done, its workers are
-shut down and the next one starts where the script is; when an epoch ends, the setting in use
-carries on into the next one. A :class:`Conductor` says which setting comes next and hears how
-each one went: the search in a script's trial process (:mod:`loadertune.trials.sequence`), or
-the tuner inside a real training run (:mod:`loadertune.trials.live`).
+loader's own iterator. Each setting runs as a :class:`~loadertune.trials.segment.Segment`: a plain
+``DataLoader`` built from the script's loader (its dataset, sampler order, ``collate_fn``,
+``worker_init_fn``, ``timeout``, ``generator``, multiprocessing context...) with the setting applied
+and, as its batch sampler, the part of the epoch the script has not received yet. When a setting is
+done, its workers are shut down and the next one starts where the script is; when an epoch ends, the
+setting in use carries on into the next one. A :class:`Conductor` says which setting comes next and
+hears how each one went: the search in a script's trial process (:mod:`loadertune.trials.sequence`),
+or the tuner inside a real training run (:mod:`loadertune.trials.live`).
 
-**Nothing is skipped or seen twice within an epoch.** The epoch's order is taken from the
-script's sampler once (lazily, as iterating the loader would: the same draws of the RNG, in the
-same order) into an :class:`EpochOrder`. A segment's batch sampler reads that order from the
-script's position on; a DataLoader hands batches over in the order its batch sampler made them
-(``in_order=True``), so each batch the script receives moves the position by exactly the indices
-it holds. Batches a segment prefetched but did not hand over are fetched again by the next one,
-not lost. At the same batch size the batches are exactly those of a single setting (the position
-moves by whole batches); at another, the rest of the epoch is regrouped at the new size. With
-``drop_last``, the short tail dropped at the end of an epoch is that of the setting in use then.
+**Nothing is skipped or seen twice within an epoch.** The epoch's order is taken from the script's
+sampler once (lazily, as iterating the loader would: the same draws of the RNG, in the same order)
+into an :class:`~loadertune.trials.segment.EpochOrder`. A segment's batch sampler reads that order
+from the script's position on; a DataLoader hands batches over in the order its batch sampler made
+them (``in_order=True``), so each batch the script receives moves the position by exactly the
+indices it holds. Batches a segment prefetched but did not hand over are fetched again by the next
+one, not lost. At the same batch size the batches are exactly those of a single setting (the
+position moves by whole batches); at another, the rest of the epoch is regrouped at the new size.
+With ``drop_last``, the short tail dropped at the end of an epoch is that of the setting in use
+then.
 
 **What differs from iterating one loader:** each segment's iterator draws its workers' base seed
 from the loader's generator (torch's global one by default), as a new epoch does: one more draw
@@ -44,8 +45,6 @@ search never changes it: the batch sampler decides).
 
 from __future__ import annotations
 
-import collections
-import inspect
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -54,13 +53,11 @@ from typing import Any, Protocol
 from torch.utils.data import DataLoader, IterableDataset
 
 from loadertune.config import Config
-from loadertune.measure.counting import structure_count, structure_counter
+from loadertune.measure.counting import structure_counter
 from loadertune.measure.meter import Measurement, Meter, Sink, WindowSpec
 from loadertune.trials import _torch_internals as _internals
-from loadertune.trials import lifeline
 from loadertune.trials import loader as dl
-
-SEEN_BATCHES = 8  # per segment: the batches whose length is kept (they tell its batch size)
+from loadertune.trials.segment import EpochOrder, Segment
 
 
 def why_not(loader: DataLoader[Any]) -> str | None:
@@ -80,207 +77,6 @@ def why_not(loader: DataLoader[Any]) -> str | None:
     if changed:
         return f"{cls.__qualname__} overrides {', '.join(changed)}"
     return None
-
-
-def arguments_of(loader: DataLoader[Any]) -> dict[str, Any]:
-    """The keyword arguments that rebuild ``loader``'s loading, less what decides its batches."""
-    args: dict[str, Any] = {
-        "dataset": loader.dataset,
-        "num_workers": loader.num_workers,
-        "collate_fn": loader.collate_fn,
-        "pin_memory": loader.pin_memory,
-        "timeout": loader.timeout,
-        "worker_init_fn": loader.worker_init_fn,
-        "multiprocessing_context": loader.multiprocessing_context,
-        "generator": loader.generator,
-        "prefetch_factor": loader.prefetch_factor,
-        "persistent_workers": loader.persistent_workers,
-    }
-    if getattr(loader, "pin_memory_device", ""):
-        args["pin_memory_device"] = loader.pin_memory_device
-    if hasattr(loader, "in_order"):
-        args["in_order"] = loader.in_order
-    return args
-
-
-def _plain_loader(kwargs: dict[str, Any]) -> DataLoader[Any]:
-    """A DataLoader built by DataLoader's own ``__init__``, even while :mod:`.patch` has replaced
-    it: a segment is not one of the script's loaders (it gets no number, no controller)."""
-    init = inspect.unwrap(DataLoader.__init__)
-    loader = DataLoader.__new__(DataLoader)
-    init(loader, **kwargs)
-    return loader
-
-
-class EpochOrder:
-    """One epoch's units in the order the script's sampler gives them, and how many of them the
-    script has received (``position``). A unit is a sample index, or a whole batch of a custom
-    batch sampler. Units are taken from the sampler when first needed, once."""
-
-    def __init__(self, source: Iterable[Any]) -> None:
-        try:
-            self.length: int | None = len(source)  # type: ignore[arg-type]
-        except TypeError:
-            self.length = None
-        self._it = iter(source)
-        self._units: list[Any] = []
-        self._base = 0  # the epoch index of _units[0]
-        self._exhausted = False
-        self.position = 0
-
-    def take(self, start: int, n: int) -> list[Any]:
-        """Units ``start`` .. ``start + n - 1`` of the epoch (fewer at its end)."""
-        end = start + n - self._base
-        while len(self._units) < end and not self._exhausted:
-            try:
-                self._units.append(next(self._it))
-            except StopIteration:
-                self._exhausted = True
-        return self._units[start - self._base : end]
-
-    def forget_received(self) -> None:
-        """Drop the units the script has received: no segment will read them again."""
-        del self._units[: self.position - self._base]
-        self._base = self.position
-
-
-class _Remaining:
-    """A segment's batch sampler: the epoch's units from the script's position on, in batches of
-    ``batch_size`` (None: the custom batch sampler's own batches, one unit each)."""
-
-    def __init__(self, batch_size: int | None, drop_last: bool) -> None:
-        self.batch_size = batch_size
-        self.drop_last = drop_last
-        self.order: EpochOrder | None = None
-        self.start = 0
-        self.emitted: collections.deque[tuple[int, int]] = collections.deque()  # (units, samples)
-
-    def restart(self, order: EpochOrder) -> None:
-        order.forget_received()
-        self.order, self.start = order, order.position
-        self.emitted.clear()
-
-    def __iter__(self) -> Iterator[list[Any]]:
-        order, i = self.order, self.start
-        if order is None:
-            return
-        while True:
-            if self.batch_size is None:
-                units = order.take(i, 1)
-                if not units:
-                    return
-                batch = list(units[0])
-                self.emitted.append((1, len(batch)))
-            else:
-                batch = order.take(i, self.batch_size)
-                if not batch or (self.drop_last and len(batch) < self.batch_size):
-                    return
-                self.emitted.append((len(batch), len(batch)))
-            i += 1 if self.batch_size is None else len(batch)
-            yield batch
-
-    def __len__(self) -> int:
-        if self.order is None or self.order.length is None:
-            raise TypeError("the epoch's length is not known")
-        left = max(0, self.order.length - self.start)
-        if self.batch_size is None:
-            return left
-        return left // self.batch_size if self.drop_last else -(-left // self.batch_size)
-
-    def delivered(self) -> int:
-        """The script received the oldest batch made: move the position past it; its samples."""
-        units, samples = self.emitted.popleft()
-        if self.order is not None:
-            self.order.position += units
-        return samples
-
-
-class Segment:
-    """One setting's loader over what is left of the epoch (see the module docstring).
-
-    Iterating it (the meter does, once per epoch) starts its workers, or resumes them with
-    ``persistent_workers``, at the script's position.
-    """
-
-    def __init__(
-        self,
-        loader: DataLoader[Any],
-        config: Config,
-        *,
-        regroup: bool,
-        timeout_s: float | None = None,
-    ) -> None:
-        self.config = config
-        self._own_batch_size = dl.settings_of(loader).batch_size  # a batch sampler's, if it decides
-        self.lengths: set[int] = set()  # of the first batches handed over (see ran())
-        self.seen = 0
-        self.sampler = _Remaining(
-            config.batch_size if regroup else None, loader.drop_last if regroup else False
-        )
-        kwargs = dl.apply_settings({**arguments_of(loader), "batch_sampler": self.sampler}, config)
-        if config.num_workers and not kwargs.get("timeout") and timeout_s:
-            kwargs["timeout"] = timeout_s  # a hung worker becomes an error in next()
-        kwargs = lifeline.wrap_worker_init(kwargs)  # the workers die with this process
-        with dl.quiet_worker_warning():
-            self.loader = _plain_loader(kwargs)
-        self.order: EpochOrder | None = None
-        self.iterator: Any = None  # the DataLoader iterator in use (its workers)
-        self.samples = 0  # in the batch handed over last
-
-    def __iter__(self) -> Iterator[Any]:
-        if self.order is None:
-            raise RuntimeError("Segment.order must be set before iterating")
-        if self.iterator is not None and not self.loader.persistent_workers:
-            _internals.shut_down(self.iterator)  # the script left an epoch early
-        self.sampler.restart(self.order)
-        with dl.quiet_worker_warning():
-            self.iterator = iter(self.loader)
-        return self._deliver(self.iterator)
-
-    def _deliver(self, it: Iterator[Any]) -> Iterator[Any]:
-        delivered = self.sampler.delivered
-        for batch in it:
-            self.samples = delivered()
-            if self.seen < SEEN_BATCHES:
-                self.seen += 1
-                self.lengths.add(structure_count(batch))
-            yield batch
-
-    def count(self, batch: Any, index: int) -> int:
-        """The meter's sample count: the batch the segment handed over last."""
-        return self.samples
-
-    def first_batch_unreceived(self) -> Any:
-        """One batch from the script's position, which stays where it is (the replay's batch:
-        the next setting hands the same samples to the script)."""
-        self.sampler.restart(self.order)  # type: ignore[arg-type]
-        with dl.quiet_worker_warning():
-            it = iter(self.loader)
-        try:
-            return next(it)
-        finally:
-            _internals.shut_down(it)
-
-    def ran(self) -> dict[str, Any]:
-        """What this setting's loader really ran with (as :meth:`.metered.Metered.ran` says of
-        a script's loader): its settings as built, the workers its iterator started, the lengths
-        of the batches it handed over."""
-        settings = dl.settings_of(self.loader).loader_kwargs()
-        if self.sampler.batch_size is None:  # the script's batch sampler decides, as it did
-            settings["batch_size"] = self._own_batch_size
-        iterator = self.iterator or _internals.live_iterator(self.loader)
-        return {
-            "settings": settings,
-            "workers_started": _internals.workers_started(iterator),
-            "batch_lengths": sorted(self.lengths),
-            "loaders": 1,
-        }
-
-    def close(self) -> None:
-        """Shut the workers down (a persistent loader's too)."""
-        for it in (self.iterator, _internals.live_iterator(self.loader)):
-            _internals.shut_down(it)
-        self.iterator = None
 
 
 @dataclass

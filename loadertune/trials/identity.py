@@ -13,6 +13,10 @@ sampler. A loader is named by
   than lines, so that a framework's upgrade keeps the key). A loader created again at every
   epoch (inline in the epoch loop, or by a ``train_dataloader()`` called per epoch) has the same
   key each time: it is one loader;
+- its **ordinal**: loaders created at the same frames before any of them is iterated (a list
+  comprehension, a loop building one loader per dataset) are distinct loaders: the second and
+  later get ``#N at this line`` in their key (:class:`Siblings`). One created after a loader of
+  its key was iterated is a re-creation (a loader created at every epoch): the same loader;
 - its **origin**: when a framework builds it from a loader created before (a DataLoader held by
   a framework frame between the constructor and the user's code, as Accelerate's
   ``prepare_data_loader(dataloader)`` holds the user's), it is that loader: it takes the
@@ -22,7 +26,9 @@ sampler. A loader is named by
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+import re
 import site
 import sys
 import sysconfig
@@ -31,6 +37,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 
 RECORD_ATTRIBUTE = "_loadertune_record"  # set on each DataLoader the patch sees created
+_ORDINAL = re.compile(r"#(\d+) at this line")  # a key's element: the N-th of its siblings
 
 
 def _library_dirs() -> tuple[str, ...]:
@@ -106,10 +113,52 @@ class LoaderRecord:
         return self.key or (self.call_site,)
 
     def describe(self) -> str:
-        """``#3 at train.py:42 (mypkg.Images)``, and what it was rebuilt from."""
+        """``#3 at train.py:42 (mypkg.Images)``, which of the loaders created there together it
+        is, and what it was rebuilt from."""
         dataset = f" ({self.dataset})" if self.dataset else ""
+        n = ordinal(self.identity)
+        nth = f", the {_nth(n)} created there" if n > 1 else ""
         rebuilt = f", rebuilt from #{self.origin}" if self.origin is not None else ""
-        return f"#{self.index} at {self.call_site}{dataset}{rebuilt}"
+        return f"#{self.index} at {self.call_site}{dataset}{nth}{rebuilt}"
+
+
+def ordinal(key: Sequence[str]) -> int:
+    """Which of the loaders created together at its frames ``key`` names (1: the first)."""
+    for element in key:
+        found = _ORDINAL.fullmatch(element)
+        if found:
+            return int(found.group(1))
+    return 1
+
+
+def _nth(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+class Siblings:
+    """Tells apart loaders created at the same frames (see the module docstring): the first
+    gets the key as it is, the second and later, created before any of them was iterated, the
+    key with ``#N at this line``. Iterating a loader of the key starts the count again."""
+
+    def __init__(self) -> None:
+        self._created: dict[tuple[str, ...], int] = {}  # by key less its ordinal
+
+    def named(self, record: LoaderRecord) -> LoaderRecord:
+        """``record`` (just created), with its ordinal in its key when it has one."""
+        if record.origin is not None:
+            return record  # a framework's copy of a loader: that loader, ordinal and all
+        base = record.identity
+        n = self._created[base] = self._created.get(base, 0) + 1
+        if n == 1:
+            return record
+        return dataclasses.replace(record, key=(*base, f"#{n} at this line"))
+
+    def iterated(self, record: LoaderRecord) -> None:
+        """A loader of ``record``'s key is iterated: the next one created there is that loader
+        created again."""
+        base = tuple(e for e in record.identity if not _ORDINAL.fullmatch(e))
+        self._created.pop(base, None)
 
 
 def record_of(obj: object) -> LoaderRecord | None:
@@ -232,12 +281,15 @@ def target_line(
     chosen_by: str | None = None,
     rebuilt: bool = False,
     recreated: bool = False,
+    key: Sequence[str] = (),
 ) -> str:
     """Which loader is tuned, as the user knows it: ``DataLoader #2 at train.py:42 (dataset
     mypkg.Images, batch size 32), the loader that feeds the optimizer``."""
+    n = ordinal(key)
     notes = "".join(
         f"; {note}"
         for flag, note in (
+            (n > 1, f"the {_nth(n)} DataLoader created at that line"),
             (rebuilt, "rebuilt by the framework"),
             (recreated, "created again at each epoch"),
         )

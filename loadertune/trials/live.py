@@ -100,7 +100,10 @@ class LiveConductor:
         config = slot.config or self.runner.own
         dl.reset_cuda_peaks()
         sup = slot.sup = Supervisor(
-            self.runner.root_pid, limits=slot.request.limits, should_stop=slot.request.should_stop
+            self.runner.root_pid,
+            limits=slot.request.limits,
+            should_stop=slot.request.should_stop,
+            rests_fail=False,
         )
         sup.__enter__()
         window = window_for(config, window_s=slot.request.window.window_s)

@@ -34,19 +34,19 @@ class HeldSink:
     (heartbeats pass at once: the trial is alive either way)."""
 
     def __init__(self, real: Sink) -> None:
-        self._real = real
+        self.real = real
         self._held: list[tuple[str, Any, Any]] = []
         self._released = False
 
     def event(self, name: str) -> None:
         if self._released or name == "beat":
-            self._real.event(name)
+            self.real.event(name)
         else:
             self._held.append(("event", name, None))
 
     def progress(self, index: int, samples_per_s: float) -> bool:
         if self._released:
-            return self._real.progress(index, samples_per_s)
+            return self.real.progress(index, samples_per_s)
         self._held.append(("progress", index, samples_per_s))
         return True
 
@@ -55,9 +55,9 @@ class HeldSink:
         self._released = True
         for kind, a, b in self._held:
             if kind == "event":
-                self._real.event(a)
+                self.real.event(a)
             else:
-                self._real.progress(a, b)
+                self.real.progress(a, b)
         self._held.clear()
 
 
@@ -104,14 +104,28 @@ class Metered:
         self.on_batch = on_batch
         self.lengths: set[int] = set()
         self.loaders: list[int] = []  # the index of each loader iterated: re-creations
-        self.meter = Meter(
-            window_for(dl.settings_of(loader), window_s=window_s),
+        self._window_s, self._on_full = window_s, on_full
+        self.meter = self._new_meter()
+
+    def _new_meter(self) -> Meter:
+        loader = self.loader
+        return Meter(
+            window_for(dl.settings_of(loader), window_s=self._window_s),
             count=dl.sample_counter(loader),
-            sink=sink,
+            sink=self.sink,
             sync=dl.cuda_sync,
             measure_cpu=loader.num_workers == 0,
-            on_done=lambda m: on_full(self, m),
+            on_done=lambda m: self._on_full(self, m),
         )
+
+    def restart(self) -> None:
+        """Measure again, from the next batch of the epoch under way: a candidate whose window
+        filled before it was known to be the one (the optimizer had not stepped on it twice yet:
+        its window held training's first, slow, steps). What its first window sent is dropped."""
+        if isinstance(self.sink, HeldSink):
+            self.sink = HeldSink(self.sink.real)
+        self.meter = self._new_meter()
+        self.active = True
 
     @property
     def recreated(self) -> bool:
@@ -151,11 +165,12 @@ class MeteredEpoch:
     """An epoch's iterator: through the meter while it measures, then straight from the loader
     (the window is full, or the loader was dropped as a candidate) so the loop goes on."""
 
-    __slots__ = ("_meter", "_metered", "_n", "_raw")
+    __slots__ = ("_meter", "_metered", "_n", "_raw", "_wrapped")
 
     def __init__(self, metered: Metered, meter: Meter) -> None:
         self._metered = metered
         self._meter: Meter | None = meter
+        self._wrapped = meter  # the meter this epoch went through last
         self._raw = meter.iterator
         self._n = 0
 
@@ -163,6 +178,8 @@ class MeteredEpoch:
         return self
 
     def __next__(self) -> Any:
+        if self._metered.meter is not self._wrapped and self._metered.active:  # restarted
+            self._wrapped = self._meter = self._metered.meter.wrap(self._raw)  # type: ignore[arg-type]
         meter = self._meter
         if meter is not None and self._metered.active:
             try:

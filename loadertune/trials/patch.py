@@ -4,9 +4,10 @@ The class's own ``__init__`` and ``__iter__`` are replaced in place, not the nam
 every way a script reaches the class sees the patch: ``from torch.utils.data import DataLoader``,
 ``import torch.utils.data as tud``, an alias, a subclass, or a reference taken before the patch.
 
-Each loader is numbered in order of creation (1, 2, ...) and remembers where it was created and
-what it was rebuilt from (:mod:`loadertune.trials.identity`: ``train.py:42``, the user's own
-line, also when a framework created or rebuilt the loader).
+Each loader is numbered in order of creation (1, 2, ...) and remembers where it was created,
+which of the loaders created together there it is, and what it was rebuilt from
+(:mod:`loadertune.trials.identity`: ``train.py:42``, the user's own line, also when a framework
+created or rebuilt the loader).
 A :class:`Controller` decides, per loader, which keyword arguments it is built with and what
 iterating it returns. Only the arguments the script passed are forwarded; the rest keep
 DataLoader's defaults, so everything else (dataset, sampler, collate_fn, generator...) is kept.
@@ -27,6 +28,7 @@ from torch.utils.data import DataLoader
 from loadertune.trials.identity import (
     RECORD_ATTRIBUTE,
     LoaderRecord,
+    Siblings,
     describe_creation,
     matches_site,
 )
@@ -55,14 +57,17 @@ def patched(controller: Controller) -> Iterator[None]:
     """Route every DataLoader's construction and iteration through ``controller``; undo after."""
     orig_init, orig_iter = DataLoader.__init__, DataLoader.__iter__
     numbers = itertools.count(1)
+    siblings = Siblings()  # loaders created together at one line are distinct loaders
 
     @functools.wraps(orig_init)
     def __init__(self: DataLoader[Any], *args: Any, **kwargs: Any) -> None:
         arguments = _SIGNATURE.bind(self, *args, **kwargs).arguments
         arguments.pop("self")
         arguments.update(arguments.pop("kwargs", {}))  # DataLoader has no **kwargs today; be safe
-        record = describe_creation(
-            self, sys._getframe(1), index=next(numbers), dataset=arguments.get("dataset")
+        record = siblings.named(
+            describe_creation(
+                self, sys._getframe(1), index=next(numbers), dataset=arguments.get("dataset")
+            )
         )
         orig_init(self, **controller.on_create(record, arguments))
         object.__setattr__(self, RECORD_ATTRIBUTE, record)
@@ -72,6 +77,7 @@ def patched(controller: Controller) -> Iterator[None]:
         record = self.__dict__.get(RECORD_ATTRIBUTE)
         if record is None:  # built before the patch
             return orig_iter(self)
+        siblings.iterated(record)
         return controller.on_iter(self, record, orig_iter)
 
     DataLoader.__init__ = __init__  # type: ignore[method-assign]

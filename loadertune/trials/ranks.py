@@ -27,13 +27,13 @@ from typing import Any
 import psutil
 
 from loadertune.errors import ConfigError
-from loadertune.measure import failures
 from loadertune.trials import applied
 from loadertune.trials.channel import Channel, Listener
 from loadertune.trials.child import SPEC_ENV
 from loadertune.trials.launch import PARENT_ENV
+from loadertune.trials.processes import Launch, Trial, exited, kill_group
 from loadertune.trials.runner import TrialRequest, TrialResult
-from loadertune.trials.script import ScriptRunner, _Launch, _tail, _Trial, kill_group
+from loadertune.trials.script import ScriptRunner
 
 MAX_RANKS = 64
 
@@ -79,7 +79,7 @@ def combine(results: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-class _RankedLaunch(_Launch):
+class _RankedLaunch(Launch):
     """A launch of torch's launcher and its ranks: one setting each (ranks never swap)."""
 
     @property
@@ -122,7 +122,7 @@ class RankedScriptRunner(ScriptRunner):
         super().__init__(*args, **kwargs)
         self.nproc_per_node = nproc_per_node
 
-    def _start(self, spec: dict[str, Any], request: TrialRequest) -> _Launch:
+    def _start(self, spec: dict[str, Any], request: TrialRequest) -> Launch:
         self.n_launches += 1
         folder = Path(self._logdir.name)
         log = folder / f"launch-{self.n_launches}.log"
@@ -152,7 +152,7 @@ class RankedScriptRunner(ScriptRunner):
             )
         return _RankedLaunch(proc, _Ranks(listener), log)  # type: ignore[arg-type]
 
-    def _supervise(self, trial: _Trial) -> None:
+    def _supervise(self, trial: Trial) -> None:
         ranks: _Ranks = trial.chan  # type: ignore[assignment]
         while True:
             readable: list[Listener | Channel] = [
@@ -171,27 +171,25 @@ class RankedScriptRunner(ScriptRunner):
                 for msg in [source.recv(timeout=0), *source.drain()]:
                     if msg is not None and self._from_rank(msg, source, trial):
                         return
-            if trial.proc.poll() is not None:
-                for chan in ranks.chans:
-                    for late in chan.drain():
-                        if self._from_rank(late, chan, trial):
-                            return
-                trial.result.failure = failures.classify_exit(
-                    trial.proc.returncode, output=_tail(trial.log)
-                )
+            if exited(
+                trial,
+                lambda: ((late, chan) for chan in ranks.chans for late in chan.drain()),
+                lambda late, chan: self._from_rank(late, chan, trial),
+            ):
                 return
             expired = trial.sup.expired()
             if expired is not None:
                 trial.result.failure = expired
                 return
 
-    def _from_rank(self, msg: dict[str, Any], chan: Channel, trial: _Trial) -> bool:
+    def _from_rank(self, msg: dict[str, Any], chan: Channel, trial: Trial) -> bool:
         """Route one rank's message; True when the trial is over."""
         ranks: _Ranks = trial.chan  # type: ignore[assignment]
         kind = msg.get("t")
         if kind == "hello":
             ranks.rank_of[id(chan)] = int(msg["rank"])
             ranks.pids[int(msg["rank"])] = int(msg["pid"])
+            trial.sup.sampler.main_pids.add(int(msg["pid"]))  # a main process, not a worker
             return False
         rank = ranks.rank_of.get(id(chan), -1)
         if kind == "result":
@@ -209,7 +207,7 @@ class RankedScriptRunner(ScriptRunner):
             return self._handle(msg, trial)
         return False  # another rank's loader, events and progress: rank 0 speaks for them
 
-    def _on_loader(self, msg: Any, trial: _Trial) -> bool:
+    def _on_loader(self, msg: Any, trial: Trial) -> bool:
         """Rank 0's loader; an epoch of the node holds every rank's share."""
         if msg["epoch_samples"]:
             msg = {**msg, "epoch_samples": msg["epoch_samples"] * self.nproc_per_node}

@@ -188,7 +188,9 @@ class TrialResult:
 
 
 class TrialRunner(Protocol):
-    """Runs trials for one workload. ``epoch_samples`` is None when the length is unknown."""
+    """Runs trials for one workload, as the search asks: several settings in turn
+    (:meth:`run_many`). ``epoch_samples`` is None when the length is unknown. Every runner is a
+    :class:`BaseRunner`, which also measures one setting alone (:meth:`BaseRunner.run`)."""
 
     epoch_samples: int | None  # samples per epoch at the baseline's batch size; None if unknown
     uses_cuda: bool  # pin_memory is worth searching
@@ -210,18 +212,6 @@ class TrialRunner(Protocol):
     def restore(self, state: Mapping[str, Any]) -> bool:
         """Take back what :meth:`state` gave (a resumed search, which runs no baseline again);
         False when it no longer holds (the script changed since), and nothing was taken."""
-
-    def run(
-        self,
-        config: Config | None,
-        *,
-        window: WindowSpec,
-        limits: Limits,
-        phase: str = "search",
-        should_stop: ShouldStop | None = None,
-    ) -> TrialResult:
-        """Measure ``config`` (None: the workload's own settings). ``phase="replay"`` replays one
-        cached batch through the step instead of loading."""
 
     def run_many(
         self,
@@ -268,7 +258,8 @@ class BaseRunner:
         phase: str = "search",
         should_stop: ShouldStop | None = None,
     ) -> TrialResult:
-        """See :meth:`TrialRunner.run`."""
+        """Measure ``config`` (None: the workload's own settings). ``phase="replay"`` replays one
+        cached batch through the step instead of loading."""
         t0 = time.perf_counter()
         result = self._trial(config, TrialRequest(window, limits, phase, should_stop))
         result.bytes_per_sample = self.bytes_per_sample

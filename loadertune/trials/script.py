@@ -18,32 +18,24 @@ launch is replaced only when it must be:
 - the loader cannot change setting mid-epoch (the :class:`~loadertune.trials.messages.LoaderMsg`
   says why), is created again at each epoch, or was found while the first trial ran (the loader
   that feeds the optimizer: :mod:`loadertune.trials.target`): one setting per process, as it is
-  built. The next launch names it by its key, and may swap.
+  built. The next launch names it by its key, and may swap;
+- the loader was built with a batch sampler, whose batches a hot swap keeps, and the trial asks
+  for another batch size: a fresh launch builds it with a batch sampler of that size.
 
 Every result says what its loader really ran with (``ran``), a hot-swapped setting's too: a
 trial that did not run its setting fails as ``not_applied`` (:mod:`loadertune.trials.applied`).
-
-However a launch ends, its whole group is killed and checked for survivors. The script's output
-goes to a log file per launch; its tail is kept when a trial fails.
+However a launch ends, its whole group is killed (:mod:`loadertune.trials.processes`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import psutil
 
 from loadertune.config import Config
 from loadertune.errors import ConfigError, ScriptError
@@ -51,13 +43,21 @@ from loadertune.measure import failures, nvml
 from loadertune.measure.failures import Failure, FailureKind
 from loadertune.measure.meter import Measurement
 from loadertune.trials import applied, messages
-from loadertune.trials.channel import Channel
-from loadertune.trials.child import SPEC_ENV
 from loadertune.trials.identity import matches_site, target_line
+from loadertune.trials.processes import (
+    Launch,
+    Trial,
+    check_script,
+    exited,
+    kill_group,
+    start_child,
+    tail,
+)
 from loadertune.trials.runner import BaseRunner, TrialRequest, TrialResult
 from loadertune.trials.supervisor import Supervisor
 
-OUTPUT_TAIL_BYTES = 8192
+__all__ = ["ScriptRunner", "check_script", "kill_group"]
+
 # torch.distributed.init_process_group() without the environment torch's launcher sets
 _LAUNCHER_ENV = "using env:// rendezvous"
 _NEEDS_LAUNCHER = (
@@ -65,115 +65,6 @@ _NEEDS_LAUNCHER = (
     "torch's launcher sets (RANK, WORLD_SIZE, MASTER_ADDR): search it as torchrun runs it, "
     "with `loadertune search --nproc-per-node N SCRIPT -- ARGS`"
 )
-
-
-def check_script(script: str | os.PathLike[str]) -> Path:
-    """The script's path, or a ConfigError saying why it cannot be run."""
-    path = Path(script)
-    if not path.exists():
-        raise ConfigError(f"script {str(path)!r} does not exist.")
-    if not path.is_file():
-        raise ConfigError(f"{str(path)!r} is not a file; pass the training script itself.")
-    try:
-        source = path.read_bytes()
-        compile(source, str(path), "exec")
-    except SyntaxError as exc:
-        raise ConfigError(f"{path} is not valid Python: {exc.msg} (line {exc.lineno}).") from exc
-    except ValueError as exc:  # source with NUL bytes: a binary
-        raise ConfigError(f"{path} is not a Python script ({exc}).") from exc
-    return path
-
-
-def kill_group(pgid: int, grace_s: float = 3.0) -> int:
-    """SIGKILL every process in group ``pgid``; return how many were still alive."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-    deadline = time.monotonic() + grace_s
-    survivors: list[int] = []
-    while time.monotonic() < deadline:
-        survivors = [
-            p.pid
-            for p in psutil.process_iter(["status"])
-            if _pgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE
-        ]
-        if not survivors:
-            break
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
-        time.sleep(0.05)
-    return len(survivors)
-
-
-def _pgid(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except OSError:
-        return None
-
-
-def _digest(path: str) -> str | None:
-    try:
-        return hashlib.sha1(Path(path).read_bytes()).hexdigest()
-    except OSError:
-        return None
-
-
-def _tail(path: Path) -> str:
-    try:
-        with path.open("rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - OUTPUT_TAIL_BYTES))
-            return fh.read().decode(errors="replace")
-    except OSError:
-        return ""
-
-
-@dataclass
-class _Launch:
-    """One trial process: its process, its channel, its log, and what it said of its loader."""
-
-    proc: subprocess.Popen[bytes]
-    chan: Channel
-    log: Path
-    loader: messages.LoaderMsg | None = None  # what it said of its loader
-    n_trials: int = 0  # trials started in it
-
-    @property
-    def swaps(self) -> bool:
-        """It runs further trials (it said its loader can change setting mid-epoch)."""
-        return self.loader is not None and self.loader.get("one_setting_only") is None
-
-    def close(self) -> int:
-        """End it: kill the group; how many were still alive."""
-        self.chan.close()
-        left = kill_group(self.proc.pid)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=5)
-        return left
-
-
-@dataclass
-class _Trial:
-    """One running trial: its launch, its supervisor, its result."""
-
-    launch: _Launch
-    sup: Supervisor
-    result: TrialResult
-    reusable: bool = False  # ended well: its launch may run the next trial
-    own: bool = False  # runs the script's own settings (config=None)
-
-    @property
-    def proc(self) -> subprocess.Popen[bytes]:
-        return self.launch.proc
-
-    @property
-    def chan(self) -> Channel:
-        return self.launch.chan
-
-    @property
-    def log(self) -> Path:
-        return self.launch.log
 
 
 class ScriptRunner(BaseRunner):
@@ -221,9 +112,9 @@ class ScriptRunner(BaseRunner):
         self.loader_recreated = False
         self._check_lengths = False  # batch lengths tell the batch size (see trials.applied)
         self._logdir = tempfile.TemporaryDirectory(prefix="loadertune-")
-        self._launch: _Launch | None = None
+        self._launch: Launch | None = None
         self.n_launches = 0
-        self._handlers: dict[str, Callable[[Any, _Trial], bool]] = {
+        self._handlers: dict[str, Callable[[Any, Trial], bool]] = {
             "event": self._on_event,
             "progress": self._on_progress,
             "loader": self._on_loader,
@@ -240,7 +131,9 @@ class ScriptRunner(BaseRunner):
         if config is not None and self.loader_info is None and not self.selector:
             raise RuntimeError("run the baseline (config=None) first: it finds the loader to tune")
         launch = self._launch
-        if launch is not None and launch.proc.poll() is not None:
+        if launch is not None and (
+            launch.proc.poll() is not None or self._batches_fixed(launch, config)
+        ):
             self._end_launch()
             launch = None
         fresh = launch is None
@@ -252,7 +145,7 @@ class ScriptRunner(BaseRunner):
         launch.n_trials += 1
         result = TrialResult(config or Config(1), phase=request.phase)
         sup = Supervisor(launch.proc.pid, limits=request.limits, should_stop=request.should_stop)
-        trial = _Trial(launch, sup, result, own=config is None)
+        trial = Trial(launch, sup, result, own=config is None)
         if launch.loader is not None:
             self._on_loader(launch.loader, trial)  # said once per launch
         try:
@@ -265,9 +158,19 @@ class ScriptRunner(BaseRunner):
             if not fresh and result.failure.kind == FailureKind.SCRIPT_ENDED:
                 # The script ran out of epochs before this setting had a batch: not its fault.
                 return self._trial(config, request)
-            result.failure = sup.explain(result.failure, output=_tail(launch.log))
+            result.failure = sup.explain(result.failure, output=tail(launch.log))
             result.resources = result.resources or sup.usage_so_far()
         return result
+
+    def _batches_fixed(self, launch: Launch, config: Config | None) -> bool:
+        """The launch cannot run ``config``'s batch size: its loader was built with a batch
+        sampler, whose batches a hot swap keeps (:mod:`loadertune.trials.hotswap`); a fresh
+        launch builds the loader with a batch sampler of the new size."""
+        if launch.loader is None or not launch.loader["batch_sampler"] or not self.loader_info:
+            return False
+        own = self.loader_info["settings"]["batch_size"]
+        wanted = config.batch_size if config is not None else own
+        return launch.batch_size is not None and wanted != launch.batch_size
 
     def _trial_spec(self, config: Config | None, request: TrialRequest) -> dict[str, Any]:
         return {
@@ -292,45 +195,29 @@ class ScriptRunner(BaseRunner):
             **((info and {"key": info["key"], "own": info["settings"]}) or self.selector),
         }
 
-    def _start(self, spec: dict[str, Any], request: TrialRequest) -> _Launch:
-        """A fresh trial process (``python -m loadertune.trials.child``) in a session of its
-        own, its channel an inherited descriptor, given its spec."""
-        chan, theirs = Channel.pair()
+    def _start(self, spec: dict[str, Any], request: TrialRequest) -> Launch:
+        """A fresh trial process, given its spec (:func:`.processes.start_child`)."""
         self.n_launches += 1
         log = Path(self._logdir.name) / f"launch-{self.n_launches}.log"
-        env = {**os.environ, SPEC_ENV: json.dumps({**spec, "fd": theirs.fileno()})}
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                [self.python, "-m", "loadertune.trials.child"],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                pass_fds=(theirs.fileno(),),
-                start_new_session=True,
-            )
-        theirs.close()
-        return _Launch(proc, chan, log)
+        return start_child(self.python, spec, log)
 
     def _end_launch(self) -> int:
         """Kill the launch (if any); how many of its processes were still alive."""
         launch, self._launch = self._launch, None
         return launch.close() if launch is not None else 0
 
-    def _supervise(self, trial: _Trial) -> None:
+    def _supervise(self, trial: Trial) -> None:
         while True:
             msg = trial.chan.recv(timeout=0.1)
             if msg is not None:
                 if self._handle(msg, trial):
                     return
                 continue
-            if trial.proc.poll() is not None:  # not only on EOF: orphans hold the socket open
-                for late in trial.chan.drain():
-                    if self._handle(late, trial):
-                        return
-                trial.result.failure = failures.classify_exit(
-                    trial.proc.returncode, output=_tail(trial.log)
-                )
+            if exited(
+                trial,
+                lambda: ((late, trial.chan) for late in trial.chan.drain()),
+                lambda late, _chan: self._handle(late, trial),
+            ):
                 return
             expired = trial.sup.expired()
             if expired is not None:
@@ -346,36 +233,37 @@ class ScriptRunner(BaseRunner):
                         "if it is slow to start, give a "
                         "larger --budget; check that it iterates a DataLoader at all",
                         user_bug=True,
-                        detail=_tail(trial.log),
+                        detail=tail(trial.log),
                     )
                 trial.result.failure = expired
                 return
 
     # -- the trial process's messages (see loadertune.trials.messages) ---------------------------
 
-    def _handle(self, msg: dict[str, Any], trial: _Trial) -> bool:
+    def _handle(self, msg: dict[str, Any], trial: Trial) -> bool:
         """Act on one message; True when the trial is over. Unknown kinds are ignored."""
         handler = self._handlers.get(msg.get("t", ""))
         return handler(msg, trial) if handler is not None else False
 
-    def _on_event(self, msg: messages.EventMsg, trial: _Trial) -> bool:
+    def _on_event(self, msg: messages.EventMsg, trial: Trial) -> bool:
         trial.sup.event(msg["name"])
         if msg["name"] == "window_start" and msg["bus_id"]:
             trial.sup.sampler.gpu_index = nvml.index_for_bus_id(msg["bus_id"])
         return False
 
-    def _on_hello(self, msg: messages.HelloMsg, trial: _Trial) -> bool:
+    def _on_hello(self, msg: messages.HelloMsg, trial: Trial) -> bool:
         return False  # only ranks of a distributed trial say hello (trials.ranks)
 
-    def _on_progress(self, msg: messages.ProgressMsg, trial: _Trial) -> bool:
+    def _on_progress(self, msg: messages.ProgressMsg, trial: Trial) -> bool:
         if not trial.sup.progress(int(msg["i"]), float(msg["rate"])):
             trial.chan.send(messages.STOP)
         return False
 
-    def _on_loader(self, msg: messages.LoaderMsg, trial: _Trial) -> bool:
+    def _on_loader(self, msg: messages.LoaderMsg, trial: Trial) -> bool:
         result = trial.result
         trial.launch.loader = msg
         result.extra["loader"] = msg
+        trial.sup.loader_name = f"the tuned DataLoader #{msg['index']} at {msg['call_site']}"
         info = self.loader_info if self.loader_info is not None else self._learn_loader(msg)
         if trial.own or result.phase == "baseline":  # also in a launch built otherwise
             result.config = Config.from_kwargs(info["settings"])
@@ -396,6 +284,7 @@ class ScriptRunner(BaseRunner):
             batch_size=msg["settings"].get("batch_size"),
             chosen_by=msg["chosen_by"],
             rebuilt=msg["origin"] is not None,
+            key=msg["key"],
         )
         return info
 
@@ -423,7 +312,7 @@ class ScriptRunner(BaseRunner):
         self._check_lengths = bool(state.get("check_lengths"))
         return True
 
-    def _on_result(self, msg: messages.ResultMsg, trial: _Trial) -> bool:
+    def _on_result(self, msg: messages.ResultMsg, trial: Trial) -> bool:
         result = trial.result
         result.measurement = Measurement.from_dict(msg["measurement"])
         result.resources = trial.sup.window_ended()
@@ -446,6 +335,8 @@ class ScriptRunner(BaseRunner):
     def _check_ran(self, ran: dict[str, Any], result: TrialResult) -> None:
         """Record what the loader ran with; a trial that did not run its setting fails."""
         result.extra["ran"] = ran
+        if self._launch is not None and (ran.get("settings") or {}).get("batch_size"):
+            self._launch.batch_size = ran["settings"]["batch_size"]
         self.loader_recreated = self.loader_recreated or (ran.get("loaders") or 0) > 1
         if result.phase == "baseline":
             self._check_lengths = applied.lengths_show_batch_size(ran)
@@ -457,8 +348,8 @@ class ScriptRunner(BaseRunner):
             result.failure = applied.not_applied(result.config, wrong)
             result.measurement = None
 
-    def _on_failure(self, msg: messages.FailureMsg, trial: _Trial) -> bool:
-        detail = f"{msg['traceback']}\n--- script output (tail) ---\n{_tail(trial.log)}"
+    def _on_failure(self, msg: messages.FailureMsg, trial: Trial) -> bool:
+        detail = f"{msg['traceback']}\n--- script output (tail) ---\n{tail(trial.log)}"
         failure = failures.classify_text(
             msg["text"], where=msg["where"], detail=detail, num_workers=msg["num_workers"]
         )
@@ -474,14 +365,14 @@ class ScriptRunner(BaseRunner):
         trial.result.failure = failure
         return True
 
-    def _on_no_batches(self, msg: messages.NoBatchesMsg, trial: _Trial) -> bool:
+    def _on_no_batches(self, msg: messages.NoBatchesMsg, trial: Trial) -> bool:
         own = msg["own_batch_size"]  # the script's own: no other setting can measure it
         advice = (
             "give the loader more samples than a batch, a smaller batch size or drop_last=False"
             if own
             else "this batch size is larger than the data: search smaller ones (--batch-sizes)"
         )
-        output = _tail(trial.log)
+        output = tail(trial.log)
         trial.result.failure = Failure(
             FailureKind.NO_BATCHES,
             f"the loader yielded no batches: {msg['why']}",
@@ -492,7 +383,7 @@ class ScriptRunner(BaseRunner):
         )
         return True
 
-    def _on_ended(self, msg: messages.EndedMsg, trial: _Trial) -> bool:
+    def _on_ended(self, msg: messages.EndedMsg, trial: Trial) -> bool:
         if trial.result.measurement is None:
             what = (
                 "before its first batch" if msg["iterated"] else "without iterating the DataLoader"
@@ -503,11 +394,11 @@ class ScriptRunner(BaseRunner):
                 "check the script's arguments (too few epochs or batches?) "
                 "and which loader is tuned (--loader)",
                 user_bug=not msg["iterated"],
-                detail=_tail(trial.log),
+                detail=tail(trial.log),
             )
         return True
 
-    def _missing_loader(self, msg: messages.EndedMsg, trial: _Trial) -> Failure | None:
+    def _missing_loader(self, msg: messages.EndedMsg, trial: Trial) -> Failure | None:
         """The loader asked for (``--loader N`` or ``FILE:LINE``) was never created, or None."""
         created = msg.get("created") or []
         index, site = self.selector.get("index"), self.selector.get("call_site")
@@ -531,9 +422,16 @@ class ScriptRunner(BaseRunner):
             f"{msg['how']} having created {made}, so there is {wanted} (--loader)",
             advice,
             user_bug=True,  # shown with its detail only: say what to do there too
-            detail=f"{advice}\n--- script output (tail) ---\n{_tail(trial.log)}",
+            detail=f"{advice}\n--- script output (tail) ---\n{tail(trial.log)}",
         )
 
     def close(self) -> None:
         self._end_launch()
         self._logdir.cleanup()
+
+
+def _digest(path: str) -> str | None:
+    try:
+        return hashlib.sha1(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None

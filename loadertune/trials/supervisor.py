@@ -24,6 +24,11 @@ class Supervisor:
 
     Used from the runner's own loop: call :meth:`expired` often; when it returns a failure, stop
     the trial and record that failure.
+
+    A loader whose epoch ended inside the window (the meter's ``rest``) and is not iterated
+    again within ``limits.hang_s`` ends the trial as :func:`~loadertune.measure.failures.rested`
+    (a trial cannot wait for a loader used that seldom), unless ``rests_fail`` is False: a real
+    training run (:mod:`loadertune.trials.live`) is not stopped for its validation.
     """
 
     def __init__(
@@ -33,14 +38,18 @@ class Supervisor:
         limits: Limits,
         should_stop: ShouldStop | None = None,
         gpu_index: int | None = None,
+        rests_fail: bool = True,
     ) -> None:
         self.limits = limits
+        self.rests_fail = rests_fail
         self._should_stop = should_stop
         self.sampler = ResourceSampler(
             root_pid, budget_bytes=limits.memory_budget_bytes, gpu_index=gpu_index
         )
         self.t_start = time.monotonic()
         self.last_sign = self.t_start
+        self.resting_since: float | None = None  # the loader's epoch ended; no new one yet
+        self.loader_name = "the tuned DataLoader"  # for messages; the runner names it
         self.started = False  # the first batch arrived
         self.pruned = False
 
@@ -55,6 +64,7 @@ class Supervisor:
 
     def event(self, name: str) -> None:
         self.last_sign = time.monotonic()
+        self.resting_since = self.last_sign if name == "rest" else None
         if name == "first_batch":
             self.started = True
         elif name == "window_start":
@@ -62,6 +72,7 @@ class Supervisor:
 
     def progress(self, index: int, samples_per_s: float) -> bool:
         self.last_sign = time.monotonic()
+        self.resting_since = None
         if self._should_stop is not None and self._should_stop(index, samples_per_s):
             self.pruned = True
             return False
@@ -121,6 +132,10 @@ class Supervisor:
                 "workers did not start or the first batch hung",
                 failures.HANG_ADVICE,
             )
+        if self.resting_since is not None and now - self.resting_since > lim.hang_s:
+            if self.rests_fail:
+                return failures.rested(lim.hang_s, self.loader_name)
+            return None  # a real run's loop is elsewhere (validation): the trial waits for it
         if self.started and now - self.last_sign > lim.hang_s:
             return failures.hang(lim.hang_s)
         return None

@@ -1,0 +1,87 @@
+"""``loadertune run``: run a script for real with the saved settings (the work is in
+:func:`loadertune.saved.run_script`), or tune it while it trains (``--tune``:
+:func:`loadertune.tuning.run_script_tuned`)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from loadertune import saved
+from loadertune.cli._common import (
+    batch_sizes_option,
+    budget_option,
+    err,
+    fail,
+    file_option,
+    nproc_option,
+)
+from loadertune.errors import LoadertuneError
+
+
+@click.command(context_settings={"ignore_unknown_options": False})
+@click.argument("script", type=click.Path(dir_okay=False))
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@file_option("--file", "path", default="loadertune.json", help="Recommendation file.")
+@click.option(
+    "--tune",
+    is_flag=True,
+    help="Tune the DataLoader during the first --budget seconds of this run, on its own training "
+    "loop, then go on with the winner and save it to --file.",
+)
+@budget_option("With --tune: seconds of the run spent trying settings (every batch still trains).")
+@batch_sizes_option("With --tune: batch sizes the run may switch to (default: keep the script's).")
+@click.option(
+    "--loader",
+    type=click.IntRange(min=1),
+    default=None,
+    help="With --tune: which DataLoader, by order of creation (default: the saved entry's, "
+    "else the first the script iterates).",
+)
+@nproc_option(
+    "Run SCRIPT as `torchrun --standalone --nproc-per-node N` would, with the entry "
+    "tuned at that world size."
+)
+def run(
+    script: str,
+    script_args: tuple[str, ...],
+    path: str,
+    tune: bool,
+    budget_s: float,
+    batch_sizes: list[int] | None,
+    loader: int | None,
+    nproc_per_node: int | None,
+) -> None:
+    """Run SCRIPT for real with this machine's saved settings applied to its DataLoader.
+
+    With --tune, the run also tunes it: the first --budget seconds try settings on the live
+    training loop, then the winner runs to the end and is saved.
+    """
+    if tune and nproc_per_node is not None:
+        raise click.UsageError(
+            "--tune runs in one training process; --nproc-per-node runs several: tune with "
+            "`loadertune search --nproc-per-node N SCRIPT`, then `loadertune run "
+            "--nproc-per-node N SCRIPT` applies the entry"
+        )
+    report = lambda line: err.print(line, soft_wrap=True)  # noqa: E731
+    try:
+        if tune:
+            from loadertune.tuning import run_script_tuned
+
+            code = run_script_tuned(
+                script,
+                script_args,
+                path=path,
+                budget_s=budget_s,
+                batch_size=batch_sizes,
+                loader=loader,
+                report=report,
+            )
+        else:
+            code = saved.run_script(
+                script, script_args, path=path, report=report, nproc_per_node=nproc_per_node
+            )
+    except LoadertuneError as exc:
+        fail(exc)
+    sys.exit(code)

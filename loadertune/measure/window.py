@@ -1,0 +1,124 @@
+"""What a measurement is: the window it runs (:class:`WindowSpec`), what it showed
+(:class:`Measurement`), and who hears about it while it runs (:class:`Sink`). The
+:class:`~loadertune.measure.meter.Meter` takes the first, tells the third and returns the second.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    """How long to measure.
+
+    Attributes:
+        warmup_batches: batches consumed after the first one and before the window; at least the
+            batches in flight (``num_workers * prefetch_factor``): a full buffer must not
+            inflate the window.
+        settled_after: the warm-up may end sooner, once this many batches have come (every
+            worker has started and delivered), at the first ``next()`` that waited
+            :data:`~loadertune.measure.meter.SETTLED_WAIT_S` or more: the buffer is empty and
+            the loader sets the pace from there on, so draining the rest by count would only
+            wait for batches that are not there (with seconds-long batches, a minute). None: by
+            count only.
+        window_s: seconds of the measured window.
+        min_window_batches: the window also lasts at least this many batches, unless it has
+            lasted twice ``window_s`` already (a few slow batches measure a slow loop as well
+            as many fast ones: a window of seconds-long batches must not take a minute).
+        n_sub_windows: the window is split in this many equal-time parts, each reported.
+        round_batches: batches per round of the workers (``num_workers``; 1 without workers).
+            Workers deliver in turn and start together, and each takes about as long per batch,
+            so batches arrive in bursts of one per worker, a batch-time apart: a window or
+            sub-window shorter than a round measures a burst or a gap, not the rate. Sub-windows
+            (and so the window) end only after whole rounds, unless the loop hardly waits for
+            data (then batches come at the step's pace).
+    """
+
+    warmup_batches: int
+    window_s: float
+    min_window_batches: int = 4
+    n_sub_windows: int = 4
+    settled_after: int | None = None
+    round_batches: int = 1
+
+    def is_full(self, elapsed_s: float, batches: float) -> bool:
+        """The window has run its length: ``window_s`` and ``min_window_batches``, or twice
+        ``window_s`` whatever the batches."""
+        return elapsed_s >= self.window_s and (
+            batches >= self.min_window_batches or elapsed_s >= 2 * self.window_s
+        )
+
+    def __post_init__(self) -> None:
+        if (
+            self.warmup_batches < 0
+            or self.window_s <= 0
+            or self.n_sub_windows < 1
+            or (self.settled_after is not None and self.settled_after < 0)
+            or self.round_batches < 1
+        ):
+            raise ValueError(f"invalid window: {self}")
+
+
+class Sink(Protocol):
+    """Who hears about a trial while it runs (the supervisor, in this process or another)."""
+
+    def event(self, name: str) -> None:
+        """``"first_batch"``, ``"window_start"``, ``"window_end"``, ``"beat"`` (a heartbeat) or
+        ``"rest"`` (an epoch ended before the window did; the next ``wrap`` beats)."""
+
+    def progress(self, index: int, samples_per_s: float) -> bool:
+        """Sub-window ``index`` ended with this running rate; return False to stop (pruned)."""
+
+
+class NullSink:
+    def event(self, name: str) -> None:
+        pass
+
+    def progress(self, index: int, samples_per_s: float) -> bool:
+        return True
+
+
+@dataclass
+class Measurement:
+    """What one measured window showed. Rates count samples, not batches."""
+
+    samples_per_s: float  # steady state over the window
+    sub_window_samples_per_s: list[float]
+    blocked_fraction: float  # of the window's wall time spent waiting in next()
+    first_batch_s: float  # iter() to the first batch: worker start-up and first fetch
+    warmup_s: float
+    window_s: float
+    n_samples: int
+    n_batches: int
+    complete: bool  # the window ran its full length
+    stopped_early: bool = False  # a progress() call asked to stop (pruned)
+    reentry_s: list[float] = field(default_factory=list)  # first batch after each re-entry
+    blocked_cpu_fraction: float | None = None  # CPU time / wall time inside next(), if measured
+    step_s_per_batch: float = 0.0  # mean time between next() calls: the loop body
+
+    @property
+    def spread(self) -> float:
+        """Relative spread of the sub-window rates: (max - min) / median; 0 with one sub-window."""
+        rates = [r for r in self.sub_window_samples_per_s if r > 0]
+        if len(rates) < 2:
+            return 0.0
+        return (max(rates) - min(rates)) / statistics.median(rates)
+
+    @property
+    def low_confidence(self) -> bool:
+        return not self.complete or self.n_batches < 3
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["spread"] = self.spread
+        data["low_confidence"] = self.low_confidence
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Measurement:
+        """The measurement :meth:`to_dict` wrote (its derived figures are left out)."""
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})

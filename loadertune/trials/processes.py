@@ -1,0 +1,172 @@
+"""The processes of a script's trials: started in a session of their own, their output in a log,
+killed as a group however a trial ends.
+
+A *launch* is one trial process (``python -m loadertune.trials.child``, or torch's launcher and
+its ranks: :mod:`loadertune.trials.ranks`) that may run many trials in turn; a :class:`Trial` is
+one of them, supervised from the search's side (:mod:`loadertune.trials.script`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from loadertune.errors import ConfigError
+from loadertune.measure import failures
+from loadertune.trials import messages
+from loadertune.trials.channel import Channel
+from loadertune.trials.child import SPEC_ENV
+from loadertune.trials.runner import TrialResult
+from loadertune.trials.supervisor import Supervisor
+
+OUTPUT_TAIL_BYTES = 8192
+
+
+def check_script(script: str | os.PathLike[str]) -> Path:
+    """The script's path, or a ConfigError saying why it cannot be run."""
+    path = Path(script)
+    if not path.exists():
+        raise ConfigError(f"script {str(path)!r} does not exist.")
+    if not path.is_file():
+        raise ConfigError(f"{str(path)!r} is not a file; pass the training script itself.")
+    try:
+        source = path.read_bytes()
+        compile(source, str(path), "exec")
+    except SyntaxError as exc:
+        raise ConfigError(f"{path} is not valid Python: {exc.msg} (line {exc.lineno}).") from exc
+    except ValueError as exc:  # source with NUL bytes: a binary
+        raise ConfigError(f"{path} is not a Python script ({exc}).") from exc
+    return path
+
+
+def kill_group(pgid: int, grace_s: float = 3.0) -> int:
+    """SIGKILL every process in group ``pgid``; return how many were still alive."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + grace_s
+    survivors: list[int] = []
+    while time.monotonic() < deadline:
+        survivors = [
+            p.pid
+            for p in psutil.process_iter(["status"])
+            if _pgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE
+        ]
+        if not survivors:
+            break
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        time.sleep(0.05)
+    return len(survivors)
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def tail(path: Path) -> str:
+    """The end of a launch's log (its last ``OUTPUT_TAIL_BYTES``), as text."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - OUTPUT_TAIL_BYTES))
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+@dataclass
+class Launch:
+    """One trial process: its process, its channel, its log, and what it said of its loader."""
+
+    proc: subprocess.Popen[bytes]
+    chan: Channel
+    log: Path
+    loader: messages.LoaderMsg | None = None  # what it said of its loader
+    n_trials: int = 0  # trials started in it
+    batch_size: int | None = None  # what its loader ran with last (ResultMsg["ran"])
+
+    @property
+    def swaps(self) -> bool:
+        """It runs further trials (it said its loader can change setting mid-epoch)."""
+        return self.loader is not None and self.loader.get("one_setting_only") is None
+
+    def close(self) -> int:
+        """End it: kill the group; how many were still alive."""
+        self.chan.close()
+        left = kill_group(self.proc.pid)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        return left
+
+
+def start_child(python: str, spec: dict[str, Any], log: Path) -> Launch:
+    """A fresh trial process (``python -m loadertune.trials.child``) in a session of its own,
+    its channel an inherited descriptor, given its spec; its output goes to ``log``."""
+    chan, theirs = Channel.pair()
+    env = {**os.environ, SPEC_ENV: json.dumps({**spec, "fd": theirs.fileno()})}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [python, "-m", "loadertune.trials.child"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            pass_fds=(theirs.fileno(),),
+            start_new_session=True,
+        )
+    theirs.close()
+    return Launch(proc, chan, log)
+
+
+@dataclass
+class Trial:
+    """One running trial: its launch, its supervisor, its result."""
+
+    launch: Launch
+    sup: Supervisor
+    result: TrialResult
+    reusable: bool = False  # ended well: its launch may run the next trial
+    own: bool = False  # runs the script's own settings (config=None)
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        return self.launch.proc
+
+    @property
+    def chan(self) -> Channel:
+        return self.launch.chan
+
+    @property
+    def log(self) -> Path:
+        return self.launch.log
+
+
+def exited(
+    trial: Trial,
+    late: Callable[[], Iterable[tuple[dict[str, Any], Channel]]],
+    handle: Callable[[dict[str, Any], Channel], bool],
+) -> bool:
+    """Whether the launch's process has exited (asked of the process, not only told by an EOF:
+    orphans hold the socket open). If it has, its ``late`` messages (each with its channel) go
+    to ``handle`` until one ends the trial; else the exit itself is the trial's failure."""
+    if trial.proc.poll() is None:
+        return False
+    for msg, chan in late():
+        if handle(msg, chan):
+            return True
+    trial.result.failure = failures.classify_exit(trial.proc.returncode, output=tail(trial.log))
+    return True

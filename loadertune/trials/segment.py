@@ -1,0 +1,229 @@
+"""One setting's loader over what is left of the epoch: the pieces a
+:class:`~loadertune.trials.hotswap.HotSwap` changes setting with (see its module docstring for
+why nothing is skipped or seen twice within an epoch).
+
+An :class:`EpochOrder` holds the epoch's order, taken once from the script's sampler, and how far
+the script has received it; a :class:`Segment` is a plain ``DataLoader`` built from the script's
+loader with one setting applied and, as its batch sampler, the part of that order the script has
+not received yet.
+"""
+
+from __future__ import annotations
+
+import collections
+import inspect
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from loadertune.config import Config
+from loadertune.measure.counting import structure_count
+from loadertune.trials import _torch_internals as _internals
+from loadertune.trials import lifeline
+from loadertune.trials import loader as dl
+
+SEEN_BATCHES = 8  # per segment: the batches whose length is kept (they tell its batch size)
+
+
+def _loading_arguments(loader: DataLoader[Any]) -> dict[str, Any]:
+    """The keyword arguments that rebuild ``loader``'s loading, less what decides its batches."""
+    args: dict[str, Any] = {
+        "dataset": loader.dataset,
+        "num_workers": loader.num_workers,
+        "collate_fn": loader.collate_fn,
+        "pin_memory": loader.pin_memory,
+        "timeout": loader.timeout,
+        "worker_init_fn": loader.worker_init_fn,
+        "multiprocessing_context": loader.multiprocessing_context,
+        "generator": loader.generator,
+        "prefetch_factor": loader.prefetch_factor,
+        "persistent_workers": loader.persistent_workers,
+    }
+    if getattr(loader, "pin_memory_device", ""):
+        args["pin_memory_device"] = loader.pin_memory_device
+    if hasattr(loader, "in_order"):
+        args["in_order"] = loader.in_order
+    return args
+
+
+def _plain_loader(kwargs: dict[str, Any]) -> DataLoader[Any]:
+    """A DataLoader built by DataLoader's own ``__init__``, even while :mod:`.patch` has replaced
+    it: a segment is not one of the script's loaders (it gets no number, no controller)."""
+    init = inspect.unwrap(DataLoader.__init__)
+    loader = DataLoader.__new__(DataLoader)
+    init(loader, **kwargs)
+    return loader
+
+
+class EpochOrder:
+    """One epoch's units in the order the script's sampler gives them, and how many of them the
+    script has received (``position``). A unit is a sample index, or a whole batch of a custom
+    batch sampler. Units are taken from the sampler when first needed, once."""
+
+    def __init__(self, source: Iterable[Any]) -> None:
+        try:
+            self.length: int | None = len(source)  # type: ignore[arg-type]
+        except TypeError:
+            self.length = None
+        self._it = iter(source)
+        self._units: list[Any] = []
+        self._base = 0  # the epoch index of _units[0]
+        self._exhausted = False
+        self.position = 0
+
+    def take(self, start: int, n: int) -> list[Any]:
+        """Units ``start`` .. ``start + n - 1`` of the epoch (fewer at its end)."""
+        end = start + n - self._base
+        while len(self._units) < end and not self._exhausted:
+            try:
+                self._units.append(next(self._it))
+            except StopIteration:
+                self._exhausted = True
+        return self._units[start - self._base : end]
+
+    def forget_received(self) -> None:
+        """Drop the units the script has received: no segment will read them again."""
+        del self._units[: self.position - self._base]
+        self._base = self.position
+
+
+class _Remaining:
+    """A segment's batch sampler: the epoch's units from the script's position on, in batches of
+    ``batch_size`` (None: the custom batch sampler's own batches, one unit each)."""
+
+    def __init__(self, batch_size: int | None, drop_last: bool) -> None:
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.order: EpochOrder | None = None
+        self.start = 0
+        self.emitted: collections.deque[tuple[int, int]] = collections.deque()  # (units, samples)
+
+    def restart(self, order: EpochOrder) -> None:
+        order.forget_received()
+        self.order, self.start = order, order.position
+        self.emitted.clear()
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        order, i = self.order, self.start
+        if order is None:
+            return
+        while True:
+            if self.batch_size is None:
+                units = order.take(i, 1)
+                if not units:
+                    return
+                batch = list(units[0])
+                self.emitted.append((1, len(batch)))
+            else:
+                batch = order.take(i, self.batch_size)
+                if not batch or (self.drop_last and len(batch) < self.batch_size):
+                    return
+                self.emitted.append((len(batch), len(batch)))
+            i += 1 if self.batch_size is None else len(batch)
+            yield batch
+
+    def __len__(self) -> int:
+        if self.order is None or self.order.length is None:
+            raise TypeError("the epoch's length is not known")
+        left = max(0, self.order.length - self.start)
+        if self.batch_size is None:
+            return left
+        return left // self.batch_size if self.drop_last else -(-left // self.batch_size)
+
+    def delivered(self) -> int:
+        """The script received the oldest batch made: move the position past it; its samples."""
+        units, samples = self.emitted.popleft()
+        if self.order is not None:
+            self.order.position += units
+        return samples
+
+
+class Segment:
+    """One setting's loader over what is left of the epoch (see the module docstring).
+
+    Iterating it (the meter does, once per epoch) starts its workers, or resumes them with
+    ``persistent_workers``, at the script's position.
+    """
+
+    def __init__(
+        self,
+        loader: DataLoader[Any],
+        config: Config,
+        *,
+        regroup: bool,
+        timeout_s: float | None = None,
+    ) -> None:
+        self.config = config
+        self._own_batch_size = dl.settings_of(loader).batch_size  # a batch sampler's, if it decides
+        self.lengths: set[int] = set()  # of the first batches handed over (see ran())
+        self.seen = 0
+        self.sampler = _Remaining(
+            config.batch_size if regroup else None, loader.drop_last if regroup else False
+        )
+        kwargs = dl.apply_settings(
+            {**_loading_arguments(loader), "batch_sampler": self.sampler}, config
+        )
+        if config.num_workers and not kwargs.get("timeout") and timeout_s:
+            kwargs["timeout"] = timeout_s  # a hung worker becomes an error in next()
+        kwargs = lifeline.wrap_worker_init(kwargs)  # the workers die with this process
+        with dl.quiet_worker_warning():
+            self.loader = _plain_loader(kwargs)
+        self.order: EpochOrder | None = None
+        self.iterator: Any = None  # the DataLoader iterator in use (its workers)
+        self.samples = 0  # in the batch handed over last
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.order is None:
+            raise RuntimeError("Segment.order must be set before iterating")
+        if self.iterator is not None and not self.loader.persistent_workers:
+            _internals.shut_down(self.iterator)  # the script left an epoch early
+        self.sampler.restart(self.order)
+        with dl.quiet_worker_warning():
+            self.iterator = iter(self.loader)
+        return self._deliver(self.iterator)
+
+    def _deliver(self, it: Iterator[Any]) -> Iterator[Any]:
+        delivered = self.sampler.delivered
+        for batch in it:
+            self.samples = delivered()
+            if self.seen < SEEN_BATCHES:
+                self.seen += 1
+                self.lengths.add(structure_count(batch))
+            yield batch
+
+    def count(self, batch: Any, index: int) -> int:
+        """The meter's sample count: the batch the segment handed over last."""
+        return self.samples
+
+    def first_batch_unreceived(self) -> Any:
+        """One batch from the script's position, which stays where it is (the replay's batch:
+        the next setting hands the same samples to the script)."""
+        self.sampler.restart(self.order)  # type: ignore[arg-type]
+        with dl.quiet_worker_warning():
+            it = iter(self.loader)
+        try:
+            return next(it)
+        finally:
+            _internals.shut_down(it)
+
+    def ran(self) -> dict[str, Any]:
+        """What this setting's loader really ran with (as :meth:`.metered.Metered.ran` says of
+        a script's loader): its settings as built, the workers its iterator started, the lengths
+        of the batches it handed over."""
+        settings = dl.settings_of(self.loader).loader_kwargs()
+        if self.sampler.batch_size is None:  # the script's batch sampler decides, as it did
+            settings["batch_size"] = self._own_batch_size
+        iterator = self.iterator or _internals.live_iterator(self.loader)
+        return {
+            "settings": settings,
+            "workers_started": _internals.workers_started(iterator),
+            "batch_lengths": sorted(self.lengths),
+            "loaders": 1,
+        }
+
+    def close(self) -> None:
+        """Shut the workers down (a persistent loader's too)."""
+        for it in (self.iterator, _internals.live_iterator(self.loader)):
+            _internals.shut_down(it)
+        self.iterator = None
