@@ -312,6 +312,21 @@ def test_a_search_interrupted_during_the_probe_keeps_its_finished_trials(
     assert phases.count("baseline") == 1 and phases.count("probe") == 1  # recorded once
 
 
+def test_a_search_interrupted_between_its_two_replays_runs_the_second_only(tmp_path, hw) -> None:
+    s = settings(tmp_path, study_name="replay-cut", n_trials=4)
+    first = FakeRunner(io_landscape, interrupt_after=3)  # baseline, w=1, the first replay
+    with pytest.raises(SearchInterrupted):
+        Search(first, hardware=hw, baseline=Config(32), batch_sizes=[32, 64], settings=s).run()
+    assert [phase for phase, _ in first.log] == ["baseline", "probe", "replay"]
+    runner = FakeRunner(io_landscape)
+    outcome = Search(
+        runner, hardware=hw, baseline=Config(32), batch_sizes=[32, 64], settings=s
+    ).run()
+    replays = [config for phase, config in runner.log if phase == "replay"]
+    assert replays == [Config(64)]  # the second; the first is the earlier run's
+    assert outcome.estimates is not None
+
+
 def test_a_resumed_search_runs_no_baseline_and_no_probe(tmp_path, hw) -> None:
     """A study whose probe was done: the next run measures none of its trials again."""
     s = settings(tmp_path, study_name="probe-done", n_trials=5)
