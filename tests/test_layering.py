@@ -24,6 +24,7 @@ RANKS = {
     "loadertune.hardware": 3,
     "loadertune.trials": 4,
     "loadertune.trials.processes": 4,  # a script's trial processes: started, killed, their logs
+    "loadertune.trials.reported": 4,  # the failures a script trial reports, in words
     "loadertune.search": 5,
     "loadertune.search.opening": 5,  # the driver's opening (baseline, probe, resume): beside it
     "loadertune.analysis": 6,

@@ -39,11 +39,11 @@ from typing import Any
 
 from loadertune.config import Config
 from loadertune.errors import ConfigError, ScriptError
-from loadertune.measure import failures, nvml
+from loadertune.measure import nvml
 from loadertune.measure.failures import Failure, FailureKind
 from loadertune.measure.meter import Measurement
-from loadertune.trials import applied, messages
-from loadertune.trials.identity import matches_site, target_line
+from loadertune.trials import applied, messages, reported
+from loadertune.trials.identity import target_line
 from loadertune.trials.processes import (
     Launch,
     Trial,
@@ -57,14 +57,6 @@ from loadertune.trials.runner import BaseRunner, TrialRequest, TrialResult
 from loadertune.trials.supervisor import Supervisor
 
 __all__ = ["ScriptRunner", "check_script", "kill_group"]
-
-# torch.distributed.init_process_group() without the environment torch's launcher sets
-_LAUNCHER_ENV = "using env:// rendezvous"
-_NEEDS_LAUNCHER = (
-    "the script calls torch.distributed.init_process_group(), which needs the environment "
-    "torch's launcher sets (RANK, WORLD_SIZE, MASTER_ADDR): search it as torchrun runs it, "
-    "with `loadertune search --nproc-per-node N SCRIPT -- ARGS`"
-)
 
 
 class ScriptRunner(BaseRunner):
@@ -349,81 +341,17 @@ class ScriptRunner(BaseRunner):
             result.measurement = None
 
     def _on_failure(self, msg: messages.FailureMsg, trial: Trial) -> bool:
-        detail = f"{msg['traceback']}\n--- script output (tail) ---\n{tail(trial.log)}"
-        failure = failures.classify_text(
-            msg["text"], where=msg["where"], detail=detail, num_workers=msg["num_workers"]
-        )
-        if failure.kind == FailureKind.SCRIPT_ERROR:
-            launcher = _LAUNCHER_ENV in msg["text"]
-            failure = Failure(
-                FailureKind.SCRIPT_ERROR,
-                f"the script raised {msg['text'][:200]}",
-                _NEEDS_LAUNCHER if launcher else "fix the script; its traceback is below",
-                user_bug=True,
-                detail=f"{_NEEDS_LAUNCHER}\n{detail}" if launcher else detail,
-            )
-        trial.result.failure = failure
+        trial.result.failure = reported.raised(msg, tail(trial.log))
         return True
 
     def _on_no_batches(self, msg: messages.NoBatchesMsg, trial: Trial) -> bool:
-        own = msg["own_batch_size"]  # the script's own: no other setting can measure it
-        advice = (
-            "give the loader more samples than a batch, a smaller batch size or drop_last=False"
-            if own
-            else "this batch size is larger than the data: search smaller ones (--batch-sizes)"
-        )
-        output = tail(trial.log)
-        trial.result.failure = Failure(
-            FailureKind.NO_BATCHES,
-            f"the loader yielded no batches: {msg['why']}",
-            advice,
-            user_bug=own,
-            # a user bug is shown with its detail only: say what to do there too
-            detail=f"{advice}\n--- script output (tail) ---\n{output}" if own else output,
-        )
+        trial.result.failure = reported.no_batches(msg, tail(trial.log))
         return True
 
     def _on_ended(self, msg: messages.EndedMsg, trial: Trial) -> bool:
         if trial.result.measurement is None:
-            what = (
-                "before its first batch" if msg["iterated"] else "without iterating the DataLoader"
-            )
-            trial.result.failure = self._missing_loader(msg, trial) or Failure(
-                FailureKind.SCRIPT_ENDED,
-                f"{msg['how']} {what}",
-                "check the script's arguments (too few epochs or batches?) "
-                "and which loader is tuned (--loader)",
-                user_bug=not msg["iterated"],
-                detail=tail(trial.log),
-            )
+            trial.result.failure = reported.ended(msg, self.selector, tail(trial.log))
         return True
-
-    def _missing_loader(self, msg: messages.EndedMsg, trial: Trial) -> Failure | None:
-        """The loader asked for (``--loader N`` or ``FILE:LINE``) was never created, or None."""
-        created = msg.get("created") or []
-        index, site = self.selector.get("index"), self.selector.get("call_site")
-        if msg["iterated"] or (index is None and not site):
-            return None
-        if index is not None and len(created) >= index:
-            return None
-        if site and any(matches_site(c, site) for c in created):
-            return None
-        n = len(created)
-        made = f"only {n} DataLoader{'s' if n != 1 else ''}" if n else "no DataLoader"
-        wanted = f"no DataLoader #{index}" if index is not None else f"no DataLoader at {site}"
-        sites = ", ".join(f"#{i} at {c}" for i, c in enumerate(created, 1))
-        advice = (
-            f"pass --loader with one of those it created: {sites}"
-            if created
-            else "check that the script creates a DataLoader with these arguments"
-        )
-        return Failure(
-            FailureKind.NO_LOADER,
-            f"{msg['how']} having created {made}, so there is {wanted} (--loader)",
-            advice,
-            user_bug=True,  # shown with its detail only: say what to do there too
-            detail=f"{advice}\n--- script output (tail) ---\n{tail(trial.log)}",
-        )
 
     def close(self) -> None:
         self._end_launch()
