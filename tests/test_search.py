@@ -676,6 +676,24 @@ def test_a_replay_measured_below_the_baseline_does_not_end_the_search_at_once(tm
     assert outcome.winner.num_workers > 0
 
 
+def test_a_trial_that_would_outlast_the_budget_is_not_started(tmp_path, hw) -> None:
+    """Its warm-up and window each hold a round of its workers (a batch from each): at 100
+    samples/s, 8 workers of batch 512 need 80 s, whatever the typical trial took."""
+    search = Search(
+        FakeRunner(io_landscape),
+        hardware=hw,
+        baseline=Config(32),
+        batch_sizes=[32, 512],
+        settings=settings(tmp_path),
+    )
+    search._deadline = time.monotonic() + 10
+    search.ledger.values[Config(32, 4, 2)] = 100.0
+    assert "budget" in (search._past_the_budget(Config(512, 8, 2)) or "")
+    assert search._past_the_budget(Config(32, 1, 2)) is None
+    search._deadline = time.monotonic() + 120
+    assert search._past_the_budget(Config(512, 8, 2)) is None
+
+
 def test_the_worker_range_is_not_widened_for_a_best_that_does_not_wait(tmp_path, hw) -> None:
     """More workers buy nothing when the step sets the pace, whatever a noisy rate says."""
     from loadertune.search.space import SearchSpace

@@ -206,7 +206,11 @@ class Search:
             if planned is not None:
                 log.enqueue(planned)  # Optuna asks it next
             config = log.ask(space)
-            skip = space.rejects(config) or self.ledger.frontier.rules_out(config)
+            skip = (
+                space.rejects(config)
+                or self.ledger.frontier.rules_out(config)
+                or self._past_the_budget(config)
+            )
             if skip is not None:
                 log.skip(skip)
                 idle += 1
@@ -218,6 +222,19 @@ class Search:
                 continue
             idle = 0
             log.tell(self._measure(config, "search", prunable=True))
+
+    def _past_the_budget(self, config: Config) -> str | None:
+        """Why ``config``'s trial would not end within the budget (the confirmation's time kept
+        aside), or None. Its warm-up and its window each hold at least one round of its workers
+        (a batch from each), so a trial of many workers at a large batch lasts at least two
+        rounds: at the best rate so far, ``2 · workers · batch / rate`` seconds, however short
+        the typical trial."""
+        rate = self.ledger.robust_best()
+        rounds_s = 2 * config.num_workers * config.batch_size / rate if rate > 0 else 0.0
+        needed = max(self._typical_wall(), rounds_s)
+        if self._remaining() - self._confirm_cost() >= needed:
+            return None
+        return f"a trial would take about {needed:.0f} s, more than the budget has left"
 
     def _confirm_cost(self) -> float:
         """Seconds to keep for the confirmation (see :func:`plan.confirm_cost`)."""
