@@ -317,3 +317,16 @@ def test_confirm_uses_epoch_rates(clock: _Clock) -> None:
     outcome = confirm(in_turn(run), [B], A, rounds=1, deadline=1000.0, trial_wall_s=1.0)
     assert outcome.values[A] == [1000.0]
     assert outcome.values[B] == [pytest.approx(500.0)]  # 1000 samples in 1 s + 1 s start-up
+
+
+def test_a_baseline_the_deadline_left_out_of_the_rounds_is_judged_by_its_own_windows() -> None:
+    """A tight budget: the rounds measured the winner but not the baseline, whose one rate is
+    the exploration's. Its sub-window rates from then still tell a 6x gain from noise."""
+    base, win = Config(32), Config(32, 8, 2)
+    c = Confirmation(baseline=base)
+    c.values = {win: [6600.0, 9700.0], base: [1150.0]}
+    assert not c.clearly_better  # no sub-window rates of the baseline: within the noise
+    c.prior_sub_windows = {base: [1100.0, 1200.0, 1150.0, 1180.0], win: [6400.0, 6800.0]}
+    assert c.clearly_better
+    c.prior_sub_windows[base] = [1100.0, 7000.0]  # windows as far apart as the two: no
+    assert not c.clearly_better

@@ -34,6 +34,7 @@ class Confirmation:
     baseline: Config
     values: dict[Config, list[float]] = field(default_factory=dict)  # epoch samples/s per round
     results: dict[Config, list[TrialResult]] = field(default_factory=dict)
+    prior_sub_windows: dict[Config, list[float]] = field(default_factory=dict)  # this run's
 
     def median(self, config: Config) -> float | None:
         vals = self.values.get(config)
@@ -66,12 +67,14 @@ class Confirmation:
         )
 
     def _sub_window_rates(self, config: Config) -> list[float]:
+        """The sub-window rates of every measurement of ``config`` in this run: the rounds', and
+        the exploration's (a baseline the deadline left out of the rounds still has its own)."""
         return [
             r
             for res in self.results.get(config, [])
             if res.ok and res.measurement
             for r in res.measurement.sub_window_samples_per_s
-        ]
+        ] + self.prior_sub_windows.get(config, [])
 
     @property
     def clearly_better(self) -> bool:
@@ -117,15 +120,20 @@ def confirm(
     trial_wall_s: float,
     measure_first: bool = False,
     prior: Mapping[Config, Sequence[float]] | None = None,
+    prior_sub_windows: Mapping[Config, Sequence[float]] | None = None,
 ) -> Confirmation:
     """Measure ``finalists`` and ``baseline`` in ``rounds`` interleaved rounds (fewer if the
     deadline, a ``time.monotonic()`` value, comes first). ``run_in_turn`` measures the rounds'
     settings in one go (a script's runner keeps one process for all of them), and stops when a
     trial would end past the deadline. ``measure_first``: the first finalist is measured even
     past the deadline. ``prior``: rates measured earlier in this run (the exploration's), pooled
-    with the rounds: more samples per setting, so one unlucky round decides less."""
+    with the rounds: more samples per setting, so one unlucky round decides less;
+    ``prior_sub_windows``: their sub-window rates, for the test of a tight budget's rounds."""
     configs = list(dict.fromkeys([*finalists, baseline]))
-    outcome = Confirmation(baseline=baseline)
+    outcome = Confirmation(
+        baseline=baseline,
+        prior_sub_windows={c: list(v) for c, v in (prior_sub_windows or {}).items()},
+    )
     for config in configs:
         if prior and prior.get(config):
             outcome.values[config] = list(prior[config])

@@ -223,6 +223,14 @@ class Search:
             idle = 0
             log.tell(self._measure(config, "search", prunable=True))
 
+    def _sub_windows(self) -> dict[Config, list[float]]:
+        """The sub-window rates of this run's full measurements of each setting."""
+        subs: dict[Config, list[float]] = {}
+        for t in self.ledger.trials:
+            if t.ok and t.measurement and not t.pruned and not t.kept and t.phase != "replay":
+                subs.setdefault(t.config, []).extend(t.measurement.sub_window_samples_per_s)
+        return subs
+
     def _past_the_budget(self, config: Config) -> str | None:
         """Why ``config``'s trial would not end within the budget (the confirmation's time kept
         aside), or None. Its warm-up and its window each hold at least one round of its workers
@@ -291,6 +299,7 @@ class Search:
             trial_wall_s=wall,
             measure_first=unmeasured,
             prior=self.ledger.samples,
+            prior_sub_windows=self._sub_windows(),
         )
 
     # -- the whole search --------------------------------------------------------------------------
