@@ -37,7 +37,7 @@ class Agenda:
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
         self._queue: list[Config] = []
-        self._climbed: set[Config] = set()  # settings a climb planned (each once)
+        self._planned: set[Config] = set()  # planned by a climb or another batch (each once)
         self._verified = False
         self._failures_seen = 0  # failures already answered by a back-off
         self.memory_budget: int | None = None  # the trial tree's PSS limit, once known
@@ -128,8 +128,8 @@ class Agenda:
             self._queue.insert(0, config)
 
     def _planned_before(self, config: Config) -> bool:
-        seen = config in self._climbed or config in self.ledger.values
-        self._climbed.add(config)
+        seen = config in self._planned or config in self.ledger.values
+        self._planned.add(config)
         return seen or self.ledger.frontier.rules_out(config) is not None
 
     def _widen(self, space: SearchSpace) -> SearchSpace:
