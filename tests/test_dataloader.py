@@ -269,3 +269,34 @@ def test_worker_deaths_deferred_wraps_torch_s_handler_and_restores_it() -> None:
         assert isinstance(inside, _internals._DeferredDeaths)
     after = signal.getsignal(signal.SIGCHLD)
     assert callable(after) and not isinstance(after, _internals._DeferredDeaths)
+
+
+def _dies_soon(delay_s: float) -> None:
+    import os
+    import time
+
+    time.sleep(delay_s)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.parametrize(
+    ("failure", "found"),
+    [
+        (RuntimeError("DataLoader worker (pid(s) 4242) exited unexpectedly"), (signal.SIGKILL,)),
+        (ValueError("Caught ValueError in DataLoader worker process 0."), ()),
+    ],
+)
+def test_a_worker_still_dying_when_the_failure_is_seen_is_waited_for(
+    failure: BaseException, found: tuple[int, ...]
+) -> None:
+    """The failure can reach the main process before the dying worker is a zombie: its signal
+    is waited for, but not after a dataset's own error raised in a worker."""
+    import multiprocessing
+
+    worker = multiprocessing.get_context("fork").Process(target=_dies_soon, args=(0.2,))
+    worker.start()
+    try:
+        iterator = types.SimpleNamespace(_workers=[worker])
+        assert _internals.dead_worker_signals(iterator, failure) == found
+    finally:
+        worker.join(5)

@@ -73,7 +73,9 @@ def test_a_killed_worker_falls_back_to_the_last_good_setting_and_the_sequence_go
     conductor.close()
     swap.close()
     thread.join()
-    assert [r.error for r in results] == [None, "worker_killed", None]
+    assert [r.error for r in results] == [None, "worker_killed", None], [
+        r.failure.detail if r.failure else None for r in results
+    ]
     assert results[0].config == Config(16) and results[0].extra["loader"]["epoch_samples"] == 400
     assert all(whole(e) for e in epochs)
 

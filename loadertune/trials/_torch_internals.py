@@ -40,6 +40,7 @@ import re
 import signal
 import sysconfig
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -339,10 +340,28 @@ def workers_started(iterator: object) -> int:
     return len(getattr(iterator, "_workers", None) or ())
 
 
-def dead_worker_signals(iterator: object) -> tuple[int, ...]:
-    """Signals that killed a DataLoader iterator's workers, read from their exit codes."""
-    codes = (getattr(w, "exitcode", None) for w in getattr(iterator, "_workers", None) or ())
-    return tuple(-code for code in codes if isinstance(code, int) and code < 0)
+def dead_worker_signals(
+    iterator: object, failure: BaseException | None = None, *, wait_s: float = 0.5
+) -> tuple[int, ...]:
+    """Signals that killed a DataLoader iterator's workers, read from their exit codes.
+
+    A worker that is being killed closes its files before it becomes a zombie that ``waitpid``
+    can see: the main process may fail on that first (a refused connection while receiving a
+    tensor's file descriptor, "exited unexpectedly") while every exit code still reads None.
+    So after ``failure``, unless it is a dataset's own error raised in a worker, wait up to
+    ``wait_s`` for a worker to have died.
+    """
+    workers = getattr(iterator, "_workers", None) or ()
+    wait = bool(workers) and failure is not None and not _WORKER_RAISED.search(str(failure))
+    deadline = time.monotonic() + (wait_s if wait else 0.0)
+    while True:
+        codes = [getattr(w, "exitcode", None) for w in workers]
+        if any(code is not None for code in codes) or time.monotonic() >= deadline:
+            return tuple(-code for code in codes if isinstance(code, int) and code < 0)
+        time.sleep(0.02)
+
+
+_WORKER_RAISED = re.compile(r"Caught \w+ in DataLoader worker process")
 
 
 def tell_multiprocessing(reaped: Mapping[int, int | None]) -> None:

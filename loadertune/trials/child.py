@@ -38,7 +38,7 @@ SPEC_ENV = "LOADERTUNE_TRIAL"
 def _report_failure(controller: TrialController, chan: Channel, exc: BaseException) -> None:
     """Send the script's exception: where it came from, its text, its traceback."""
     meter, iterator, num_workers = controller.active()
-    signals = _internals.dead_worker_signals(iterator) if iterator is not None else ()
+    signals = _internals.dead_worker_signals(iterator, exc) if iterator is not None else ()
     chan.send(
         messages.FailureMsg(
             t="failure",

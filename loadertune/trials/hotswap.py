@@ -279,7 +279,7 @@ class HotSwap:
 
     def _failed(self, run: _Run, exc: BaseException) -> None:
         """A measured setting's loader raised: report it, take it down, fall back."""
-        signals = _internals.dead_worker_signals(run.segment.iterator)
+        signals = _internals.dead_worker_signals(run.segment.iterator, exc)
         run.meter = None
         self._close(run)
         _internals.forget_deaths()

@@ -261,7 +261,7 @@ class InlineRunner(BaseRunner):
                 result.failure = dog.failure or classify_exception(
                     error,
                     where=self._where,
-                    worker_signals=_internals.dead_worker_signals(it),
+                    worker_signals=_internals.dead_worker_signals(it, error),
                     num_workers=config.num_workers,
                 )
         # Workers first (joining dead ones is immediate), then every iterator that could run
