@@ -203,6 +203,55 @@ def test_clearly_worse_trials_are_pruned(tmp_path, hw) -> None:
     assert runner.pruned > 0
 
 
+def test_a_live_search_prunes_against_the_best_and_writes_its_study_once_at_the_end(
+    tmp_path, hw
+) -> None:
+    """On a live run a trial costs the training what it loses against the best so far: the
+    bar is the best itself, not the median of the three best, and the study is kept in memory
+    until the search ends (then written whole)."""
+    from loadertune.search.settings import LIVE
+    from loadertune.search.study import stored_trials
+
+    def flat_then_slower(config: Config) -> float:  # only the baseline is fast
+        return 1000.0 if config == Config(32) else 800.0
+
+    storage = f"sqlite:///{tmp_path / 'live.db'}"
+    seen_during: list[int] = []
+
+    class Watching(FakeRunner):
+        def run(self, config, **kw):  # type: ignore[no-untyped-def]
+            try:
+                seen_during.append(len(stored_trials(storage, "live")))
+            except ConfigError:
+                seen_during.append(0)  # the study is not in the storage yet
+            return super().run(config, **kw)
+
+    runner = Watching(flat_then_slower)
+    live = dataclasses.replace(
+        LIVE, budget_s=15, storage=storage, study_name="live", seed=1, resume=False
+    )
+    outcome = Search(
+        runner, hardware=hw, baseline=Config(32), batch_sizes=[32], settings=live
+    ).run()
+    # 800 < 0.85 x 1000: pruned, although it is the median of the three best
+    assert runner.pruned >= 2
+    assert outcome.stop_reason == "no_improvement" and outcome.winner == Config(32)
+    assert set(seen_during) == {0}
+    explored = [c for phase, c in runner.log if phase == "search"]
+    stored = stored_trials(storage, "live")
+    assert explored and len(stored) >= len(explored)
+    # the same landscape in a side search: robust best = 800, no trial is pruned
+    side = FakeRunner(flat_then_slower)
+    Search(
+        side,
+        hardware=hw,
+        baseline=Config(32),
+        batch_sizes=[32],
+        settings=settings(tmp_path, budget_s=5, prune_ratio=0.85, patience=3),
+    ).run()
+    assert side.pruned == 0
+
+
 def test_n_trials_caps_the_settings_measured(tmp_path, hw) -> None:
     runner = FakeRunner(io_landscape)
     outcome = Search(

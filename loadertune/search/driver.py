@@ -106,8 +106,10 @@ class Search:
 
     def _prune_rule(self, index: int, running: float) -> bool:
         """Stop a trial clearly below the best so far. "The best" is the median of the three
-        best settings' rates: one lucky measurement must not prune everything after it."""
-        return index >= 1 and running < self.settings.prune_ratio * self.ledger.robust_best()
+        best settings' rates (one lucky measurement must not prune everything after it), or on
+        a live run the best itself: there a slower trial costs the training its time."""
+        best = self.ledger.best_value if self.settings.live else self.ledger.robust_best()
+        return index >= 1 and running < self.settings.prune_ratio * best
 
     def _request(self, config: Config | None, phase: str, prunable: bool) -> TrialRequest:
         # In-process loading has no buffer to drain: one batch of warm-up after the first.
@@ -321,6 +323,7 @@ class Search:
                 self.settings.study,
                 resume=self.settings.resume,
                 seed=self.settings.seed,
+                buffered=self.settings.live and not self.settings.resume,
             )
             try:
                 return self._run(log, t0)
@@ -330,6 +333,10 @@ class Search:
             except UserCodeError as exc:
                 log.abandon(exc.kind)
                 raise
+            finally:
+                unsaved = log.save()
+                if unsaved and self.observer:
+                    self.observer.note(unsaved)
 
     def _seed_and_explore(
         self, log: StudyLog, space: SearchSpace, est: Estimates | None

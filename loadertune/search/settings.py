@@ -38,6 +38,10 @@ class SearchSettings:
         ranks: processes that each run the loader side by side (``torchrun --nproc-per-node``):
             the CPUs, the RAM budget and ``/dev/shm`` that bound the workers are divided among
             them.
+        live: the trials run on a real training loop (``loadertune run --tune``,
+            :func:`~loadertune.tuned`): every second a trial runs slower than the best so far is
+            a second the training loses, so a trial is pruned against that best, not against the
+            median of the three best (see :data:`LIVE`).
     """
 
     budget_s: float = 60.0
@@ -58,6 +62,7 @@ class SearchSettings:
     study_name: str | None = None
     resume: bool = True
     ranks: int = 1
+    live: bool = False
 
     def __post_init__(self) -> None:
         if not (
@@ -95,6 +100,14 @@ class SearchSettings:
     @property
     def trial_window_s(self) -> float:
         return self.window_s or min(3.0, max(0.5, self.budget_s / 40))
+
+
+# A live run's policy (see ``live``): a setting clearly slower than the best so far is stopped
+# after two sub-windows of its window; three settings without a gain end the exploration (each
+# costs the training time, and the setting in use is a fine fallback); only the leader is
+# re-measured against the baseline, and when the leader is the baseline (the run's own setting)
+# nothing else is.
+LIVE = SearchSettings(prune_ratio=0.85, patience=3, finalists=1, confirm_rounds=2, live=True)
 
 
 def default_storage() -> str:

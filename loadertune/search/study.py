@@ -82,23 +82,29 @@ class StudyLog:
         name: the study's name; an existing study of that name is resumed.
         resume: False deletes an existing study of that name first.
         seed: the sampler's seed.
+        buffered: keep the study in memory and write it to ``storage`` in one go at
+            :meth:`save` (a live run, with ``resume`` False: an SQLite storage's set-up and a
+            commit per trial took 1.5 s of CPU in a 12-trial search, out of the training's).
 
     Raises:
         ConfigError: the storage cannot be opened, or the name belongs to another kind of study.
     """
 
-    def __init__(self, storage: str, name: str, *, resume: bool, seed: int | None) -> None:
+    def __init__(
+        self, storage: str, name: str, *, resume: bool, seed: int | None, buffered: bool = False
+    ) -> None:
         self.storage, self.name = storage, name
+        self._buffer = optuna.storages.InMemoryStorage() if buffered else None
         # TPE over the conditional space; multivariate+group model the parameters together.
         sampler = optuna.samplers.TPESampler(
             multivariate=True, group=True, seed=seed, n_startup_trials=5, constant_liar=False
         )
         try:
-            if not resume:
+            if not resume and self._buffer is None:
                 with contextlib.suppress(KeyError):
                     optuna.delete_study(study_name=name, storage=storage)
             self.study = optuna.create_study(
-                storage=storage,
+                storage=self._buffer or storage,
                 study_name=name,
                 sampler=sampler,
                 direction="maximize",
@@ -228,6 +234,21 @@ class StudyLog:
         trial = self._close()
         trial.set_user_attr("duplicate", True)
         self.study.tell(trial, value)
+
+    def save(self) -> str | None:
+        """Write a buffered study to its storage (replacing one of that name); None when done
+        or nothing to do, else why it could not be written (the search's result stands)."""
+        if self._buffer is None:
+            return None
+        try:
+            with contextlib.suppress(KeyError):
+                optuna.delete_study(study_name=self.name, storage=self.storage)
+            optuna.copy_study(
+                from_study_name=self.name, from_storage=self._buffer, to_storage=self.storage
+            )
+        except Exception as exc:  # sqlalchemy's errors, a locked or unwritable file
+            return f"the study could not be written to {self.storage}: {type(exc).__name__}: {exc}"
+        return None
 
     def abandon(self, reason: str) -> None:
         """Close an open trial as failed (Ctrl-C, the user's bug) so no trial stays RUNNING."""
