@@ -105,9 +105,10 @@ class SearchSettings:
 # A live run's policy (see ``live``): a setting clearly slower than the best so far is stopped
 # after two sub-windows of its window; three settings without a gain end the exploration (each
 # costs the training time, and the setting in use is a fine fallback); only the leader is
-# re-measured against the baseline, and when the leader is the baseline (the run's own setting)
-# nothing else is.
-LIVE = SearchSettings(prune_ratio=0.85, patience=3, finalists=1, confirm_rounds=2, live=True)
+# re-measured against the baseline, in one interleaved round pooled with the exploration's
+# rates (a poor baseline measured again costs the training twice), and when the leader is the
+# baseline (the run's own setting) nothing else is.
+LIVE = SearchSettings(prune_ratio=0.85, patience=3, finalists=1, confirm_rounds=1, live=True)
 
 
 def default_storage() -> str:
