@@ -145,7 +145,9 @@ def build_recommendation(
         baseline_kwargs=base.loader_kwargs(),
         baseline_samples_per_s=base_fig["samples_per_s"] if base_fig else None,
         speedup=speedup,
-        within_noise=conf.within_noise if conf is not None else winner == base,
+        within_noise=conf.within_noise
+        if conf is not None and conf.winner == winner
+        else winner == base,
         best_at_batch_size=(
             {"loader_kwargs": at_bs.loader_kwargs(), **(at_bs_fig or {})}
             if at_bs is not None

@@ -26,7 +26,6 @@ from loadertune.config import Config, normalize_batch_sizes
 from loadertune.errors import ConfigError, LoadertuneError, SearchInterrupted
 from loadertune.report import trial_line
 from loadertune.search import SearchSettings
-from loadertune.search.settings import LIVE
 from loadertune.trials import TrialResult
 
 if TYPE_CHECKING:  # torch's DataLoader machinery is imported when a tuning starts
@@ -223,8 +222,8 @@ def tuned(
         budget_s: seconds of the run spent trying settings (every batch still trains).
         batch_size: other batch sizes the search may pick (None: keep the loader's own).
         out: where the winner is saved (this machine's entry for this dataset).
-        settings: the search's policy (its ``budget_s`` is replaced by ``budget_s``; default:
-            a live run's, :data:`loadertune.search.settings.LIVE`).
+        settings: the search's policy (its ``budget_s`` is replaced by ``budget_s``, and it
+            runs as a live search: see ``SearchSettings.live``).
         report: where progress lines go.
 
     Example:
@@ -249,7 +248,7 @@ def tuned(
 
 
 def _settings(settings: SearchSettings | None, budget_s: float, study: str) -> SearchSettings:
-    base = settings or LIVE  # a live run's policy: see loadertune.search.settings.LIVE
+    base = settings or SearchSettings()
     return api.resolved_settings(
         dataclasses.replace(base, budget_s=budget_s, resume=False, live=True),
         hardware.detect(),

@@ -1056,11 +1056,141 @@ def simulate(
     return workloads, scores
 
 
+# ---------------------------------------------------------------------------------------------
+# Tuning inside the real run (``loadertune run --tune``, ``tuned()``)
+
+RUN_LENGTHS_S = (120.0, 600.0, 3600.0)  # runs, in seconds at the run's own setting
+
+
+@dataclass
+class LiveScore:
+    """One live tuning: what it cost and gained against the run's own setting."""
+
+    index: int
+    own: float  # the own setting's true epoch rate
+    best: float  # the best true rate at the run's batch size
+    winner: float  # the winner's true rate (the own one if the winner would fail)
+    tuning_s: float  # simulated seconds of trials
+    tuning_samples: float  # samples trained during them (see :func:`_trained`)
+    n_trials: int
+
+    def time_ratio(self, run_s: float) -> float:
+        """Time to train ``run_s`` seconds' worth of the own setting's samples with tuning,
+        over ``run_s`` (below 1: tuning made the run shorter)."""
+        total = self.own * run_s
+        if self.tuning_samples >= total:  # the run ends during the tuning
+            return total / (self.tuning_samples / self.tuning_s) / run_s
+        return (self.tuning_s + (total - self.tuning_samples) / self.winner) / run_s
+
+    def ideal_ratio(self) -> float:
+        return self.own / self.best
+
+
+def run_live(
+    w: Workload, *, seed: int, budget_s: float, policy: SearchSettings
+) -> LiveScore | None:
+    """A live search on ``w`` at its own batch size, scored as :class:`LiveScore` (None when the
+    own setting itself would fail: no run to tune)."""
+    if failure_kind(w, w.baseline, "inline"):
+        return None
+    clock = FakeClock()
+    runner = SimRunner(w, "inline", clock, np.random.default_rng([seed, w.index, 7]))
+    runner.replays = False  # one batch fed again is no training batch
+    settings = dataclasses.replace(
+        policy,
+        budget_s=budget_s,
+        storage=optuna.storages.InMemoryStorage(),  # type: ignore[arg-type]
+        study_name="sim",
+        seed=(seed * 1_000_003 + w.index) % 2**31,
+        resume=False,
+    )
+    bs = w.baseline.batch_size
+    search = Search(
+        runner, hardware=hardware_for(w), baseline=w.baseline, batch_sizes=[bs], settings=settings
+    )
+    own = epoch_rate(w, w.baseline)
+    winner = own
+    with simulated_time(clock, own_pss=int(w.main_pss)):
+        try:
+            pick = search.run().winner
+            if not failure_kind(w, pick, "inline"):
+                winner = epoch_rate(w, pick)
+        except LoadertuneError:
+            pass  # the run goes on with its own setting
+    trials = runner.trace
+    best = grid_best(w, dataclasses.replace(true_grid(w), batch_sizes=(bs,)), "inline")[0]
+    return LiveScore(
+        index=w.index,
+        own=own,
+        best=max(best, own),
+        winner=winner,
+        tuning_s=sum(t.result.wall_s for t in trials),
+        tuning_samples=sum(map(_trained, trials)),
+        n_trials=len(trials),
+    )
+
+
+def _trained(t: TraceLine) -> float:
+    """Samples a live trial trains: none while its workers start and make the first batch (the
+    loop waits), nor while the previous setting's stop; its warm-up and window at its rate."""
+    m = t.result.measurement
+    if not t.result.ok or m is None:
+        return 0.0
+    return t.true_epoch * (m.warmup_s + m.window_s)
+
+
+LIVE_POLICIES = {"search's": SearchSettings(), "live": SearchSettings(live=True)}
+
+
+def report_live(n: int, seed: int, budget_s: float, out: Any) -> None:
+    """Each policy on the same workloads: run time with tuning / without, per run length."""
+    p = lambda *a: print(*a, file=out)  # noqa: E731
+    workloads = [draw_workload(seed, i) for i in range(n)]
+    p(f"\n=== live tuning (run --tune): {n} workloads, budget {budget_s:g} s, own batch size ===")
+    p("time with tuning / time with the run's own setting (below 1: tuning paid off)")
+    ideal: list[float] = []
+    for name, policy in LIVE_POLICIES.items():
+        scores = [
+            s
+            for w in workloads
+            if (s := run_live(w, seed=seed, budget_s=budget_s, policy=policy)) is not None
+        ]
+        ideal = [s.ideal_ratio() for s in scores]
+        trials = [s.n_trials for s in scores]
+        tuning = [s.tuning_s for s in scores]
+        p(
+            f"\npolicy {name}: trials median {statistics.median(trials):.0f}, "
+            f"tuning s median {statistics.median(tuning):.1f} max {max(tuning):.1f}"
+        )
+        p(f"{'run':>8} {'median':>7} {'p95':>7} {'worst':>7} {'>1.02':>6} {'>1.10':>6}")
+        for run_s in RUN_LENGTHS_S:
+            r = np.asarray([s.time_ratio(run_s) for s in scores])
+            p(
+                f"{run_s:7.0f}s {np.median(r):7.3f} {np.percentile(r, 95):7.3f} {r.max():7.3f} "
+                f"{np.mean(r > 1.02):6.0%} {np.mean(r > 1.10):6.0%}"
+            )
+        flat = [s for s in scores if s.best <= 1.02 * s.own]
+        if flat:
+            r = np.asarray([s.time_ratio(600.0) for s in flat])
+            p(
+                f"  own already best (within 2%, {len(flat)} workloads), 600 s run: "
+                f"median {np.median(r):.3f}, worst {r.max():.3f}"
+            )
+    if ideal:
+        p(f"\nthe best setting from the start (no tuning): median {np.median(ideal):.3f}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=300, help="workloads to draw")
     ap.add_argument("--seed", type=int, default=None, help="default: random (printed)")
-    ap.add_argument("--mode", choices=[*MODES, "both"], default="both")
+    ap.add_argument(
+        "--mode",
+        choices=[*MODES, "both", "live"],
+        default="both",
+        help="live: tuning inside the real run, each policy's cost and gain against the "
+        "run's own setting",
+    )
     ap.add_argument("--budget", type=float, default=60.0, help="simulated seconds per search")
     ap.add_argument("--workload-json", help="write the drawn workloads to this file")
     ap.add_argument("--one", type=int, help="trace the search of workload INDEX, trial by trial")
@@ -1069,6 +1199,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     modes = list(MODES) if args.mode == "both" else [args.mode]
     print(f"seed {seed}, budget {args.budget:g} s (simulated), modes {', '.join(modes)}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if args.mode == "live":
+        report_live(args.n, seed, args.budget, sys.stdout)
+        return 0
     if args.one is not None:
         w = draw_workload(seed, args.one)
         for mode in modes:

@@ -47,8 +47,10 @@ class FakeRunner(BaseRunner):
         needs_timeout_s: Callable[[str], float] = lambda phase: 0.0,
         clock: SimpleNamespace | None = None,
         replay_rate: float = 1e6,
+        subs: Callable[[Config], list[float]] | None = None,
     ) -> None:
         self.rate, self.fail = rate, fail
+        self.subs = subs  # sub-window rates of a setting (default: four of its rate)
         self.replay_rate = replay_rate
         self.epoch_samples = epoch_samples
         self.bytes_per_sample = 64.0
@@ -93,7 +95,7 @@ class FakeRunner(BaseRunner):
         else:
             rate = self.rate(config)
             blocked = 0.9 if config.num_workers == 0 else 0.3
-        subs = [rate] * 4
+        subs = self.subs(config) if self.subs is not None and phase != "replay" else [rate] * 4
         if should_stop is not None:
             for i, r in enumerate(subs):
                 if should_stop(i, r):
@@ -209,7 +211,6 @@ def test_a_live_search_prunes_against_the_best_and_writes_its_study_once_at_the_
     """On a live run a trial costs the training what it loses against the best so far: the
     bar is the best itself, not the median of the three best, and the study is kept in memory
     until the search ends (then written whole)."""
-    from loadertune.search.settings import LIVE
     from loadertune.search.study import stored_trials
 
     def flat_then_slower(config: Config) -> float:  # only the baseline is fast
@@ -227,8 +228,15 @@ def test_a_live_search_prunes_against_the_best_and_writes_its_study_once_at_the_
             return super().run(config, **kw)
 
     runner = Watching(flat_then_slower)
-    live = dataclasses.replace(
-        LIVE, budget_s=15, storage=storage, study_name="live", seed=1, resume=False
+    live = SearchSettings(
+        live=True,
+        prune_ratio=0.85,
+        patience=3,
+        budget_s=15,
+        storage=storage,
+        study_name="live",
+        seed=1,
+        resume=False,
     )
     outcome = Search(
         runner, hardware=hw, baseline=Config(32), batch_sizes=[32], settings=live
@@ -250,6 +258,49 @@ def test_a_live_search_prunes_against_the_best_and_writes_its_study_once_at_the_
         settings=settings(tmp_path, budget_s=5, prune_ratio=0.85, patience=3),
     ).run()
     assert side.pruned == 0
+
+
+@pytest.mark.parametrize(
+    ("other_subs", "switches"),
+    [
+        ([1010.0, 1060.0, 1030.0, 1050.0], True),  # faster in every pair
+        ([800.0, 1300.0, 900.0, 1200.0], False),  # a higher mean, as often slower as faster
+    ],
+)
+def test_a_live_run_leaves_its_own_setting_only_when_the_rates_say_so_often(
+    tmp_path, hw, other_subs: list[float], switches: bool
+) -> None:
+    """The winner of a live search replaces the running setting only when most pairs of
+    sub-window rates (this run's) say it is faster: a wrong switch costs the rest of the run."""
+    own = Config(32)  # no workers; every setting with workers is the "other" one
+
+    def rate(config: Config) -> float:
+        return 1050.0 if config.num_workers else 1000.0
+
+    def subs(config: Config) -> list[float]:
+        return list(other_subs) if config.num_workers else [980.0, 1000.0, 1020.0, 1000.0]
+
+    kw = {"budget_s": 8, "n_trials": 1, "patience": 1, "prune_ratio": 0.1}
+    outcomes = {}
+    for live in (False, True):
+        runner = FakeRunner(rate, subs=subs)
+        outcomes[live] = Search(
+            runner,
+            hardware=hw,
+            baseline=own,
+            batch_sizes=[32],
+            settings=settings(tmp_path, study_name=f"s{live}", live=live, **kw),
+        ).run()
+    assert outcomes[False].winner.num_workers  # the highest median, in a side search
+    assert bool(outcomes[True].winner.num_workers) == switches
+
+
+def test_switching_needs_most_pairs_of_rates_to_agree() -> None:
+    from loadertune.search import plan
+
+    assert plan.switch_pays([11.0, 12.0], [10.0, 10.5])
+    assert not plan.switch_pays([11.0, 9.0], [10.0, 10.5])  # 2 of 4 pairs
+    assert plan.switch_pays([5.0], [])  # nothing to weigh: the winner stands
 
 
 def test_n_trials_caps_the_settings_measured(tmp_path, hw) -> None:

@@ -105,3 +105,24 @@ def test_the_true_best_beats_every_setting_of_its_grid(sim) -> None:
             )
             if sim.failure_kind(w, c, "inline") is None:
                 assert sim.epoch_rate(w, c) <= best * (1 + 1e-9)
+
+
+def test_a_live_tuning_is_scored_against_the_run_s_own_setting(sim) -> None:
+    """The live mode runs the real driver without replays at the run's own batch size, and
+    its cost shrinks as the run grows (the tuning's seconds are a fixed part of it)."""
+    seed = 777
+    scored = 0
+    for index in range(4):
+        w = sim.draw_workload(seed, index)
+        live = sim.run_live(w, seed=seed, budget_s=BUDGET, policy=sim.LIVE_POLICIES["live"])
+        if live is None:
+            continue
+        scored += 1
+        assert 0 < live.tuning_s <= BUDGET + OVERSHOOT_RAISED
+        assert live.best >= live.own and live.winner > 0
+        assert live.ideal_ratio() <= 1.0
+        short, long_ = live.time_ratio(120.0), live.time_ratio(36_000.0)
+        # a long run tends to the winner's rate; the tuning's cost or gain weighs less
+        assert long_ == pytest.approx(live.own / live.winner, rel=0.02)
+        assert short > 0
+    assert scored >= 2

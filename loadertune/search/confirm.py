@@ -66,7 +66,7 @@ class Confirmation:
             -(self.median(config) or 0.0),
         )
 
-    def _sub_window_rates(self, config: Config) -> list[float]:
+    def sub_window_rates(self, config: Config) -> list[float]:
         """The sub-window rates of every measurement of ``config`` in this run: the rounds', and
         the exploration's (a baseline the deadline left out of the rounds still has its own)."""
         return [
@@ -90,7 +90,7 @@ class Confirmation:
         if not theirs:  # the baseline failed every round it ran: anything that runs is better
             return bool(self.results.get(self.baseline))
         if len(ours) < 2 or len(theirs) < 2:
-            ours, theirs = self._sub_window_rates(win), self._sub_window_rates(self.baseline)
+            ours, theirs = self.sub_window_rates(win), self.sub_window_rates(self.baseline)
         return len(ours) >= 2 and len(theirs) >= 2 and min(ours) > max(theirs)
 
     @property

@@ -338,6 +338,19 @@ class Search:
                 if unsaved and self.observer:
                     self.observer.note(unsaved)
 
+    def _live_choice(self, winner: Config, confirmation: Confirmation | None) -> Config:
+        """On a live run the baseline is the setting running: the winner replaces it only when
+        this run's rates say it is faster often enough (:func:`plan.switch_pays`)."""
+        if winner == self.baseline or self.baseline not in self.ledger.values:
+            return winner
+        if confirmation is not None:
+            ours = confirmation.sub_window_rates(winner)
+            theirs = confirmation.sub_window_rates(self.baseline)
+        else:
+            subs = self._sub_windows()
+            ours, theirs = subs.get(winner, []), subs.get(self.baseline, [])
+        return winner if plan.switch_pays(ours, theirs) else self.baseline
+
     def _seed_and_explore(
         self, log: StudyLog, space: SearchSpace, est: Estimates | None
     ) -> tuple[str, SearchSpace]:
@@ -371,6 +384,8 @@ class Search:
             if self.ledger.values
             else None
         )
+        if self.settings.live and winner is not None:
+            winner = self._live_choice(winner, confirmation)
         if winner is None:
             causes = sorted({kind for _, kind in self.ledger.frontier.failed})
             raise LoadertuneError(

@@ -7,6 +7,8 @@ what it has measured (no clock, no Optuna), so each can be read and tested alone
 - :func:`other_batch`: the barrel principle for the step: a best that does not wait for data
   tries another batch size.
 - :func:`finalists`: the few re-measured side by side with the baseline.
+- :func:`switch_pays`: on a live run, whether the winner's rates beat the running setting's
+  often enough to leave it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from loadertune.config import Config
 from loadertune.search.space import SearchSpace
@@ -23,6 +25,7 @@ MIN_EXPLORED = 3  # search trials that run before any time is kept for the confi
 CLIMB_BLOCKED = 0.10  # the best setting waits this much for data: try it with more workers
 CLIMB_WITHIN = 0.6  # ... if it reaches this share of the best rate
 FINALIST_WITHIN = 0.7  # finalists reach this share of the best (one unlucky figure is not out)
+SWITCH_EVIDENCE = 0.8  # a live run leaves its own setting when this share of pairs says so
 
 
 def robust_best(values: Mapping[Config, float]) -> float:
@@ -170,3 +173,16 @@ def confirm_cost(
     if not contenders:
         return 0.0
     return min(0.35 * budget_s, (len(contenders) + 1) * rounds * trial_wall_s)
+
+
+def switch_pays(ours: Sequence[float], theirs: Sequence[float]) -> bool:
+    """On a live run, whether to leave the running setting (``theirs``: its sub-window rates in
+    this run) for the search's winner (``ours``): in at least :data:`SWITCH_EVIDENCE` of all
+    pairs (one of ours, one of theirs) ours is faster. A wrong switch costs the rest of the run,
+    not one trial: in the simulator (``scripts/simulate.py --mode live``) the highest median
+    let a lucky measurement replace a setting that was already the best with one 0.6x as fast.
+    Without rates on both sides the winner stands."""
+    if not ours or not theirs:
+        return True
+    wins = sum(a > b for a in ours for b in theirs)
+    return wins >= SWITCH_EVIDENCE * len(ours) * len(theirs)

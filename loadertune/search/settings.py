@@ -39,9 +39,11 @@ class SearchSettings:
             the CPUs, the RAM budget and ``/dev/shm`` that bound the workers are divided among
             them.
         live: the trials run on a real training loop (``loadertune run --tune``,
-            :func:`~loadertune.tuned`): every second a trial runs slower than the best so far is
-            a second the training loses, so a trial is pruned against that best, not against the
-            median of the three best (see :data:`LIVE`).
+            :func:`~loadertune.tuned`): a trial is pruned against the best so far (every second
+            it runs slower costs the training), not against the median of the three best; the
+            winner replaces the baseline, the setting running, only when this run's rates say
+            so often enough (:func:`loadertune.search.plan.switch_pays`); the study is written
+            to its storage once, when the search ends.
     """
 
     budget_s: float = 60.0
@@ -100,15 +102,6 @@ class SearchSettings:
     @property
     def trial_window_s(self) -> float:
         return self.window_s or min(3.0, max(0.5, self.budget_s / 40))
-
-
-# A live run's policy (see ``live``): a setting clearly slower than the best so far is stopped
-# after two sub-windows of its window; three settings without a gain end the exploration (each
-# costs the training time, and the setting in use is a fine fallback); only the leader is
-# re-measured against the baseline, in one interleaved round pooled with the exploration's
-# rates (a poor baseline measured again costs the training twice), and when the leader is the
-# baseline (the run's own setting) nothing else is.
-LIVE = SearchSettings(prune_ratio=0.85, patience=3, finalists=1, confirm_rounds=1, live=True)
 
 
 def default_storage() -> str:
