@@ -9,6 +9,11 @@ noiseless optimum of the same model::
     python scripts/simulate.py --n 300 --seed 8 --mode script --budget 30
     python scripts/simulate.py --n 50 --seed 7 --workload-json /tmp/w.json
     python scripts/simulate.py --seed 7 --one 42 --mode inline     # trace one search
+    python scripts/simulate.py --n 300 --mode live --budget 60     # tuning inside the run
+
+``--mode live`` scores the live search (``loadertune run --tune``: no replay, the run's own batch
+size) by the time to train a run with tuning over the time without it (see :class:`LiveScore`),
+for the side search's rules and the live ones side by side.
 
 The seed is random (and printed) unless given; never tune a policy against one fixed seed.
 
