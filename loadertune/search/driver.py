@@ -225,14 +225,6 @@ class Search:
             idle = 0
             log.tell(self._measure(config, "search", prunable=True))
 
-    def _sub_windows(self) -> dict[Config, list[float]]:
-        """The sub-window rates of this run's full measurements of each setting."""
-        subs: dict[Config, list[float]] = {}
-        for t in self.ledger.trials:
-            if t.ok and t.measurement and not t.pruned and not t.kept and t.phase != "replay":
-                subs.setdefault(t.config, []).extend(t.measurement.sub_window_samples_per_s)
-        return subs
-
     def _past_the_budget(self, config: Config) -> str | None:
         """Why ``config``'s trial would not end within the budget (the confirmation's time kept
         aside), or None. Its warm-up and its window each hold at least one round of its workers
@@ -301,7 +293,7 @@ class Search:
             trial_wall_s=wall,
             measure_first=unmeasured,
             prior=self.ledger.samples,
-            prior_sub_windows=self._sub_windows(),
+            prior_sub_windows=self.ledger.sub_windows(),
         )
 
     # -- the whole search --------------------------------------------------------------------------
@@ -343,13 +335,9 @@ class Search:
         this run's rates say it is faster often enough (:func:`plan.switch_pays`)."""
         if winner == self.baseline or self.baseline not in self.ledger.values:
             return winner
-        if confirmation is not None:
-            ours = confirmation.sub_window_rates(winner)
-            theirs = confirmation.sub_window_rates(self.baseline)
-        else:
-            subs = self._sub_windows()
-            ours, theirs = subs.get(winner, []), subs.get(self.baseline, [])
-        return winner if plan.switch_pays(ours, theirs) else self.baseline
+        subs = self.ledger.sub_windows()
+        rates = confirmation.sub_window_rates if confirmation else lambda c: subs.get(c, [])
+        return winner if plan.switch_pays(rates(winner), rates(self.baseline)) else self.baseline
 
     def _seed_and_explore(
         self, log: StudyLog, space: SearchSpace, est: Estimates | None

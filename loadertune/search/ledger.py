@@ -72,6 +72,14 @@ class Ledger:
             if value > self.best_value:
                 self.best, self.best_value = result, value
 
+    def sub_windows(self) -> dict[Config, list[float]]:
+        """The sub-window rates of this run's full measurements of each setting."""
+        subs: dict[Config, list[float]] = {}
+        for t in self.trials:
+            if t.ok and t.measurement and not t.pruned and not t.kept and t.phase != "replay":
+                subs.setdefault(t.config, []).extend(t.measurement.sub_window_samples_per_s)
+        return subs
+
     def robust_best(self) -> float:
         return plan.robust_best(self.values)
 
