@@ -183,6 +183,12 @@ _PATTERNS: list[_Pattern] = [
 _WORKER_WRAP = re.compile(r"Caught (\w+) in DataLoader worker process (\d+)")
 
 
+def raised_in_worker(text: str) -> bool:
+    """Whether ``text`` is DataLoader's report of an exception the dataset (or collate_fn)
+    raised inside a worker ("Caught X in DataLoader worker process N"), not a worker's death."""
+    return _WORKER_WRAP.search(text) is not None
+
+
 def _signal_name(signum: int) -> str:
     try:
         return signal.Signals(signum).name

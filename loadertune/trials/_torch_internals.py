@@ -49,6 +49,8 @@ import torch.utils.data._utils.signal_handling as _signal_handling
 from torch.utils.data import DataLoader
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _MultiProcessingDataLoaderIter
 
+from loadertune.measure.failures import raised_in_worker
+
 # (owner, attribute): each must exist in the installed torch (see missing()).
 REQUIRED: tuple[tuple[object, str], ...] = (
     (_MultiProcessingDataLoaderIter, "_try_get_data"),
@@ -352,16 +354,13 @@ def dead_worker_signals(
     ``wait_s`` for a worker to have died.
     """
     workers = getattr(iterator, "_workers", None) or ()
-    wait = bool(workers) and failure is not None and not _WORKER_RAISED.search(str(failure))
+    wait = bool(workers) and failure is not None and not raised_in_worker(str(failure))
     deadline = time.monotonic() + (wait_s if wait else 0.0)
     while True:
         codes = [getattr(w, "exitcode", None) for w in workers]
         if any(code is not None for code in codes) or time.monotonic() >= deadline:
             return tuple(-code for code in codes if isinstance(code, int) and code < 0)
         time.sleep(0.02)
-
-
-_WORKER_RAISED = re.compile(r"Caught \w+ in DataLoader worker process")
 
 
 def tell_multiprocessing(reaped: Mapping[int, int | None]) -> None:
