@@ -46,8 +46,13 @@ the main process ``B*S/8 GB/s`` of CPU). The main process receives each batch fr
   ``main_pss + n*(worker_pss + pf*B*S)`` exceeds it (``main_pss`` is in the budget inline, not for
   a script: the script is the trial's own process); the driver's start-up, hang and trial time
   limits, enforced on the trial's simulated times.
-* Noise: per trial a log-normal factor (sigma drawn in 5..30% per workload) and, with probability
-  3%, an outlier at 0.5x (a neighbour's burst); per sub-window a further log-normal factor.
+* Noise: per trial a log-normal factor (sigma drawn in 5..30% per workload, for a window of
+  ``NOISE_REF_WINDOW_S``) and, with probability 3%, an outlier at 0.5x (a neighbour's burst); per
+  sub-window a further log-normal factor. Half the trial's variance at the reference window is
+  slow (a neighbour's load, the clock: a longer window does not average it out) and half is fast
+  (bursts within the window: its variance falls as 1/window), so a shorter window is noisier:
+  ``sigma(W) = sigma * sqrt(0.5 + 0.5 * ref / W)``; the sub-windows' sigma grows likewise as they
+  shorten.
 * Wall time of a trial: set-up + first batch + warm-up batches + the window (sub-windows of whole
   batches, at least 4 batches) + a re-entry (inline: every ``n > 0`` trial when ``N`` is known;
   script: with persistent workers) + teardown. Pruning (``should_stop``) is honoured at every
@@ -116,6 +121,7 @@ CPU_CHOICES = (1, 2, 4, 8, 16, 32)
 STARTUP_PER_WORKER = 0.05  # each extra worker adds 5% of s0 to the start-up
 PIN_COPY_S_PER_BYTE = 1 / 8e9  # the pin thread's memcpy into page-locked memory
 OUTLIER_P, OUTLIER_FACTOR = 0.03, 0.5
+NOISE_REF_WINDOW_S = 1.5  # the window at which a workload's drawn sigma holds
 SWAP_S = 0.05  # a script's next setting in the same launch: the round trip, its loader built
 KILL_S = 0.1  # a script's launch killed (its process group)
 MEMORY_FRACTION = SearchSettings().memory_budget_fraction
@@ -312,6 +318,12 @@ def steady_rate(w: Workload, bs: int, n: Any, pf: int | None, pin: bool) -> Any:
     return np.minimum(
         np.minimum(stages["loader"], stages["io"]), np.minimum(stages["main"], stages["cpu"])
     )
+
+
+def _window_noise(window_s: float) -> float:
+    """How much a trial's sigma grows (or shrinks) at ``window_s`` against the reference window:
+    half the variance slow, half falling as 1/window (see the module docstring)."""
+    return math.sqrt(0.5 + 0.5 * NOISE_REF_WINDOW_S / window_s)
 
 
 def startup(w: Workload, n: Any) -> Any:
@@ -584,7 +596,7 @@ class SimRunner(BaseRunner):
             rate = bs / step_wall(w, bs, False)
         else:
             rate = float(steady_rate(w, bs, n, c.prefetch_factor, c.pin_memory))
-        rate *= self._noise(w.noise_sigma) * (
+        rate *= self._noise(w.noise_sigma * _window_noise(window.window_s)) * (
             OUTLIER_FACTOR if self.rng.random() < OUTLIER_P else 1.0
         )
         period = bs / rate  # seconds per batch in this trial
@@ -663,8 +675,11 @@ class SimRunner(BaseRunner):
         sub_s = math.ceil(window.window_s / window.n_sub_windows / round_s) * round_s
         subs: list[float] = []
         elapsed = batches = 0.0
+        sub_sigma = self.w.sub_sigma * min(
+            3.0, math.sqrt(NOISE_REF_WINDOW_S / window.n_sub_windows / sub_s)
+        )
         while True:
-            subs.append(rate * self._noise(self.w.sub_sigma))
+            subs.append(rate * self._noise(sub_sigma))
             elapsed += sub_s
             batches += sub_s / period
             full = window.is_full(elapsed, batches)

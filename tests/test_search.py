@@ -777,8 +777,9 @@ def test_a_replay_measured_below_the_baseline_does_not_end_the_search_at_once(tm
 
 
 def test_a_trial_that_would_outlast_the_budget_is_not_started(tmp_path, hw) -> None:
-    """Its warm-up and window each hold a round of its workers (a batch from each): at 100
-    samples/s, 8 workers of batch 512 need 80 s, whatever the typical trial took."""
+    """It must receive its first batch (a round of its 8 workers' time), a round of warm-up and
+    its window's 8 batches: at 100 samples/s, 24 batches of 512 take 123 s, whatever the
+    typical trial took."""
     search = Search(
         FakeRunner(io_landscape),
         hardware=hw,
@@ -788,10 +789,45 @@ def test_a_trial_that_would_outlast_the_budget_is_not_started(tmp_path, hw) -> N
     )
     search._deadline = time.monotonic() + 10
     search.ledger.values[Config(32, 4, 2)] = 100.0
-    assert "budget" in (search._past_the_budget(Config(512, 8, 2)) or "")
+    assert "123 s" in (search._past_the_budget(Config(512, 8, 2)) or "")
     assert search._past_the_budget(Config(32, 1, 2)) is None
-    search._deadline = time.monotonic() + 120
+    search._deadline = time.monotonic() + 130
     assert search._past_the_budget(Config(512, 8, 2)) is None
+
+
+def test_many_workers_are_judged_at_the_rate_the_estimates_predict_not_the_slow_best(
+    tmp_path, hw
+) -> None:
+    """Loading waits on I/O: the best so far (2 workers) makes 100 samples/s, and the probe
+    predicts 64 workers make 3200. Judged at the slow best, their trial would take minutes and
+    never start; at half the predicted rate it takes seconds."""
+    from loadertune.search.probe import Estimates
+
+    est = Estimates(
+        load_s_per_sample=0.02,
+        load_cpu_fraction=0.05,
+        worker_s_per_sample=0.02,
+        step_s_per_sample=1e-4,
+        step_cpu_per_sample=1e-4,
+        usable_cpus=4,
+        max_workers=128,
+        consumer_ceiling=1e4,
+        loader_ceiling=6400,
+        cpu_ceiling=1e5,
+    )
+    assert est.predicted_samples_per_s(64) == pytest.approx(3200)
+    search = Search(
+        FakeRunner(io_landscape),
+        hardware=hw,
+        baseline=Config(128),
+        batch_sizes=[128],
+        settings=settings(tmp_path),
+    )
+    search._deadline = time.monotonic() + 30
+    search.ledger.values[Config(128, 2, 2)] = 100.0
+    many = Config(128, 64, 2)
+    assert "budget" in (search._past_the_budget(many) or "")  # 130 batches at 100/s
+    assert search._past_the_budget(many, est) is None  # 130 batches at 1600/s: 10 s
 
 
 def test_the_worker_range_is_not_widened_for_a_best_that_does_not_wait(tmp_path, hw) -> None:

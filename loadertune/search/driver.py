@@ -211,7 +211,7 @@ class Search:
             skip = (
                 space.rejects(config)
                 or self.ledger.frontier.rules_out(config)
-                or self._past_the_budget(config)
+                or self._past_the_budget(config, est)
             )
             if skip is not None:
                 log.skip(skip)
@@ -225,14 +225,25 @@ class Search:
             idle = 0
             log.tell(self._measure(config, "search", prunable=True))
 
-    def _past_the_budget(self, config: Config) -> str | None:
+    def _past_the_budget(self, config: Config, est: Estimates | None = None) -> str | None:
         """Why ``config``'s trial would not end within the budget (the confirmation's time kept
-        aside), or None. Its warm-up and its window each hold at least one round of its workers
-        (a batch from each), so a trial of many workers at a large batch lasts at least two
-        rounds: at the best rate so far, ``2 · workers · batch / rate`` seconds, however short
-        the typical trial."""
+        aside), or None. However short the typical trial, this one must receive its first
+        batch, its warm-up and at least its window's minimum of batches
+        (:func:`plan.least_trial_s`), which at a large batch or with many workers can take
+        many seconds. The rate is the best so far or, when higher, half what the probe's
+        estimates predict for ``config``: many workers are tried because they are expected to
+        be that much faster, and judging their batches by a slow best would skip every setting
+        that could beat it."""
         rate = self.ledger.robust_best()
-        rounds_s = 2 * config.num_workers * config.batch_size / rate if rate > 0 else 0.0
+        loader_bound = True  # unknown: the shorter warm-up, so that no setting is skipped wrongly
+        if est is not None and config.num_workers:
+            at = est.at(config.batch_size)
+            predicted = at.predicted_samples_per_s(config.num_workers)
+            rate = max(rate, 0.5 * predicted)
+            loader_bound = predicted < 0.95 * at.consumer_ceiling
+        rounds_s = plan.least_trial_s(
+            config, self._request(config, "search", False).window, rate, loader_bound=loader_bound
+        )
         needed = max(self._typical_wall(), rounds_s)
         if self._remaining() - self._confirm_cost() >= needed:
             return None
@@ -352,7 +363,6 @@ class Search:
             seed_configs(
                 est,
                 space,
-                batch_size=self.baseline.batch_size,
                 epoch_length_known=bool(self.runner.epoch_samples),
             )
             if est

@@ -19,6 +19,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 
 from loadertune.config import Config
+from loadertune.measure.window import WindowSpec
 from loadertune.search.space import SearchSpace
 
 MIN_EXPLORED = 3  # search trials that run before any time is kept for the confirmation
@@ -149,6 +150,21 @@ def finalists(
     top = [c for c in ranked if values[c] >= FINALIST_WITHIN * values[ranked[0]]][:n]
     at_user_bs = [c for c in ranked if c.batch_size == user_batch_size][:1]
     return list(dict.fromkeys([*top, *at_user_bs]))
+
+
+def least_trial_s(config: Config, window: WindowSpec, rate: float, *, loader_bound: bool) -> float:
+    """The least a trial of ``config`` can take at ``rate`` samples/s: its first batch (one
+    worker's batch: a round of the workers' time), its warm-up (one round when the loader sets
+    the pace and the buffer settles at once, else every batch in flight) and its window's minimum
+    of batches, each ``batch / rate`` seconds apart. 0 without a rate."""
+    if rate <= 0:
+        return 0.0
+    per_batch = config.batch_size / rate
+    warmup = window.warmup_batches
+    if loader_bound and window.settled_after is not None:
+        warmup = min(warmup, window.settled_after)
+    first = max(1, config.num_workers) * per_batch
+    return first + (warmup + window.min_window_batches) * per_batch
 
 
 def confirm_cost(

@@ -17,7 +17,9 @@ class SearchSettings:
     Attributes:
         budget_s: wall-clock cap of the whole search, confirmation included.
         n_trials: cap on settings measured in the probe and exploration (None: budget only).
-        window_s: measured window per trial (None: budget_s / 40, within 0.5..3 s).
+        window_s: measured window per trial (None: budget_s / 80, within 0.5..3 s: short
+            windows, so that more settings and more confirmation rounds fit; the rounds, not the
+            window's length, average out a shared machine's drift).
         startup_timeout_s: how long the first trial may take to reach its first batch (a
             script's imports, dataset and model set-up); later trials get a limit from it.
         max_workers: the user's cap on ``num_workers`` (None: derived from the machine).
@@ -101,7 +103,7 @@ class SearchSettings:
 
     @property
     def trial_window_s(self) -> float:
-        return self.window_s or min(3.0, max(0.5, self.budget_s / 40))
+        return self.window_s or min(3.0, max(0.5, self.budget_s / 80))
 
 
 def default_storage() -> str:
