@@ -10,9 +10,29 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loadertune import analysis, store
+from loadertune.config import Config
 from loadertune.hardware import Hardware
 from loadertune.search import SearchOutcome
+from loadertune.search.confirm import rates_clearly_better
 from loadertune.trials import TrialResult
+
+
+def _clearly_better(outcome: SearchOutcome, winner: Config, base: Config) -> bool:
+    """Without the confirmation's verdict on this winner (it ran out of budget, or a live run
+    kept its own setting): the winner's sub-window rates in this run all beat the baseline's, as
+    the confirmation decides on a tight budget. One lucky window is not "clearly faster"."""
+    if winner == base:
+        return False
+
+    def rates(config: Config) -> list[float]:
+        return [
+            r
+            for t in outcome.results_for(config)
+            if t.ok and t.measurement and not t.pruned
+            for r in t.measurement.sub_window_samples_per_s
+        ]
+
+    return rates_clearly_better(rates(winner), rates(base))
 
 
 def _figures(results: list[TrialResult]) -> dict[str, Any] | None:
@@ -147,7 +167,7 @@ def build_recommendation(
         speedup=speedup,
         within_noise=conf.within_noise
         if conf is not None and conf.winner == winner
-        else winner == base,
+        else not _clearly_better(outcome, winner, base),
         best_at_batch_size=(
             {"loader_kwargs": at_bs.loader_kwargs(), **(at_bs_fig or {})}
             if at_bs is not None

@@ -330,3 +330,40 @@ def test_a_baseline_the_deadline_left_out_of_the_rounds_is_judged_by_its_own_win
     assert c.clearly_better
     c.prior_sub_windows[base] = [1100.0, 7000.0]  # windows as far apart as the two: no
     assert not c.clearly_better
+
+
+def test_a_winner_the_confirmation_never_measured_is_not_called_clearly_faster() -> None:
+    """The budget ran out before the confirmation: one lucky window (its sub-windows overlap
+    the baseline's) is "within the noise"; a winner whose every sub-window beats every one of the
+    baseline's is clearly faster, as the confirmation would decide on a tight budget."""
+    from loadertune.hardware import detect
+    from loadertune.recommendation import build_recommendation
+    from loadertune.search import SearchOutcome, SearchSettings
+    from loadertune.search.space import SearchSpace
+
+    def outcome(winner_subs: list[float]) -> SearchOutcome:
+        base = _result(A, 100.0, sub=[90.0, 110.0, 100.0, 100.0])
+        base.phase = "baseline"
+        win = _result(B, 176.0, sub=winner_subs)
+        win.phase = "search"
+        return SearchOutcome(
+            baseline=A,
+            winner=B,
+            trials=[base, win],
+            confirmation=None,
+            estimates=None,
+            space=SearchSpace(batch_sizes=(64,), max_workers=4),
+            stop_reason="budget",
+            settings=SearchSettings(),
+            storage="sqlite:///:memory:",
+            elapsed_s=60.0,
+            n_previous_trials=0,
+            user_batch_size=64,
+            values={A: 100.0, B: 176.0},
+        )
+
+    hw = detect()
+    lucky = build_recommendation(outcome([105.0, 300.0, 200.0, 99.0]), hw, workload={})
+    assert lucky.within_noise is True
+    clear = build_recommendation(outcome([170.0, 180.0, 175.0, 179.0]), hw, workload={})
+    assert clear.within_noise is False

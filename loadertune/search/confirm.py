@@ -90,8 +90,10 @@ class Confirmation:
         if not theirs:  # the baseline failed every round it ran: anything that runs is better
             return bool(self.results.get(self.baseline))
         if len(ours) < 2 or len(theirs) < 2:
-            ours, theirs = self.sub_window_rates(win), self.sub_window_rates(self.baseline)
-        return len(ours) >= 2 and len(theirs) >= 2 and min(ours) > max(theirs)
+            return rates_clearly_better(
+                self.sub_window_rates(win), self.sub_window_rates(self.baseline)
+            )
+        return rates_clearly_better(ours, theirs)
 
     @property
     def within_noise(self) -> bool:
@@ -104,6 +106,11 @@ class Confirmation:
             return None
         best = self.median(win)
         return best / base if best else None
+
+
+def rates_clearly_better(ours: Sequence[float], theirs: Sequence[float]) -> bool:
+    """Our worst rate beats their best, with at least two of each."""
+    return len(ours) >= 2 and len(theirs) >= 2 and min(ours) > max(theirs)
 
 
 # Measures the settings in turn, calling back with each result; stops when the callback says so.

@@ -240,7 +240,9 @@ class Search:
             at = est.at(config.batch_size)
             predicted = at.predicted_samples_per_s(config.num_workers)
             rate = max(rate, 0.5 * predicted)
-            loader_bound = predicted < 0.95 * at.consumer_ceiling
+            # The workers set the pace only below every other ceiling; at the step's or the
+            # CPUs' the buffer stays full and the whole warm-up drains it.
+            loader_bound = predicted < 0.95 * at.hard_ceiling
         rounds_s = plan.least_trial_s(
             config, self._request(config, "search", False).window, rate, loader_bound=loader_bound
         )
