@@ -259,6 +259,21 @@ def test_confirm_stops_at_the_deadline(clock: _Clock) -> None:
     assert outcome.values == {A: [100.0], B: [200.0, 200.0], C: [150.0, 150.0]}
 
 
+def test_a_slow_baseline_is_not_started_when_its_own_wall_time_would_pass_the_deadline(
+    clock: _Clock,
+) -> None:
+    """The finalist's trials take 10 s, the baseline's (a large batch) 40 s in this run: with
+    35 s left, the round measures the finalist and stops before the baseline, where a typical
+    trial's time would have started it and run 15 s over the budget."""
+    run, ran = _runner(clock, {A: [100.0] * 3, B: [200.0] * 3})
+    confirm(run, [B], A, rounds=2, deadline=35.0, trial_wall_s=10.0, walls={A: 40.0})
+    assert ran == [B]
+    run, ran = _runner(clock, {A: [100.0] * 3, B: [200.0] * 3})
+    clock.now = 0.0
+    confirm(run, [B], A, rounds=2, deadline=35.0, trial_wall_s=10.0)
+    assert ran == [B, A, A]  # without its own wall time: 10 s each, the deadline never passed
+
+
 def test_confirm_past_deadline_runs_nothing(clock: _Clock) -> None:
     clock.now = 100.0
     run, ran = _runner(clock, {A: [1.0], B: [2.0]})

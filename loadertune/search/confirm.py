@@ -125,6 +125,7 @@ def confirm(
     rounds: int,
     deadline: float,
     trial_wall_s: float,
+    walls: Mapping[Config, float] | None = None,
     measure_first: bool = False,
     prior: Mapping[Config, Sequence[float]] | None = None,
     prior_sub_windows: Mapping[Config, Sequence[float]] | None = None,
@@ -132,11 +133,14 @@ def confirm(
     """Measure ``finalists`` and ``baseline`` in ``rounds`` interleaved rounds (fewer if the
     deadline, a ``time.monotonic()`` value, comes first). ``run_in_turn`` measures the rounds'
     settings in one go (a script's runner keeps one process for all of them), and stops when a
-    trial would end past the deadline. ``measure_first``: the first finalist is measured even
-    past the deadline. ``prior``: rates measured earlier in this run (the exploration's), pooled
-    with the rounds: more samples per setting, so one unlucky round decides less;
+    trial would end past the deadline: each trial is expected to take its setting's wall time
+    in ``walls`` when known, else ``trial_wall_s``. ``measure_first``: the first finalist is
+    measured even past the deadline. ``prior``: rates measured earlier in this run (the
+    exploration's), pooled with the rounds: more samples per setting, so one unlucky round
+    decides less;
     ``prior_sub_windows``: their sub-window rates, for the test of a tight budget's rounds."""
     configs = list(dict.fromkeys([*finalists, baseline]))
+    order = interleaved(configs, rounds)
     outcome = Confirmation(
         baseline=baseline,
         prior_sub_windows={c: list(v) for c, v in (prior_sub_windows or {}).items()},
@@ -145,10 +149,18 @@ def confirm(
         if prior and prior.get(config):
             outcome.values[config] = list(prior[config])
 
+    done = 0
+
     def fits() -> bool:
-        return time.monotonic() + trial_wall_s <= deadline
+        """The next trial (its setting's own wall time when known) ends by the deadline."""
+        if done >= len(order):
+            return False
+        wall = (walls or {}).get(order[done], trial_wall_s)
+        return time.monotonic() + wall <= deadline
 
     def record(result: TrialResult) -> bool:
+        nonlocal done
+        done += 1
         config = result.config
         outcome.results.setdefault(config, []).append(result)
         value = result.epoch_samples_per_s
@@ -158,5 +170,5 @@ def confirm(
         return fits()
 
     if measure_first or fits():
-        run_in_turn(interleaved(configs, rounds), record)
+        run_in_turn(order, record)
     return outcome

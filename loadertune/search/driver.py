@@ -259,6 +259,7 @@ class Search:
             baseline=self.opening.known,
             n_explored=self.ledger.n_explored,
             trial_wall_s=self._typical_wall(),
+            walls=self.ledger.walls(),
             rounds=min(2, self.settings.confirm_rounds),
             budget_s=self.settings.budget_s,
         )
@@ -276,10 +277,9 @@ class Search:
     ) -> Confirmation | None:
         finalists = [] if baseline_only else self._finalists()
         configs = list(dict.fromkeys([*finalists, self.baseline]))
-        wall = self._typical_wall()
-        rounds = min(
-            self.settings.confirm_rounds, int(self._remaining() // max(wall * len(configs), 1e-9))
-        )
+        wall, walls = self._typical_wall(), self.ledger.walls()
+        round_s = sum(walls.get(c, wall) for c in configs)  # a slow baseline costs its own time
+        rounds = min(self.settings.confirm_rounds, int(self._remaining() // max(round_s, 1e-9)))
         # The winner must have figures from this run: a resumed search's leader measured only
         # in an earlier run is measured once even past the deadline.
         unmeasured = bool(finalists) and not any(
@@ -304,6 +304,7 @@ class Search:
             rounds=max(1, rounds),
             deadline=self._deadline,
             trial_wall_s=wall,
+            walls=walls,
             measure_first=unmeasured,
             prior=self.ledger.samples,
             prior_sub_windows=self.ledger.sub_windows(),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 from loadertune.config import Config
 from loadertune.search import plan
 from loadertune.search.frontier import Frontier
@@ -79,6 +81,15 @@ class Ledger:
             if t.ok and t.measurement and not t.pruned and not t.kept and t.phase != "replay":
                 subs.setdefault(t.config, []).extend(t.measurement.sub_window_samples_per_s)
         return subs
+
+    def walls(self) -> dict[Config, float]:
+        """The median wall time of this run's successful trials of each setting (a baseline at
+        a large batch may take many times the typical trial)."""
+        walls: dict[Config, list[float]] = {}
+        for t in self.trials:
+            if t.ok and not t.kept and t.phase != "replay":
+                walls.setdefault(t.config, []).append(t.wall_s)
+        return {c: statistics.median(w) for c, w in walls.items()}
 
     def robust_best(self) -> float:
         return plan.robust_best(self.values)

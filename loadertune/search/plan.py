@@ -176,9 +176,11 @@ def confirm_cost(
     trial_wall_s: float,
     rounds: int,
     budget_s: float,
+    walls: Mapping[Config, float] | None = None,
 ) -> float:
     """Seconds to keep for the confirmation: ``rounds`` interleaved rounds of each finalist
-    that beats the baseline, and of the baseline, at most 35% of the budget. Nothing is kept
+    that beats the baseline, and of the baseline, at most 35% of the budget. Each trial takes
+    its setting's own wall time in this run (``walls``), else ``trial_wall_s``. Nothing is kept
     before the first :data:`MIN_EXPLORED` settings of the exploration have run (the probe's
     predicted best among them), or while nothing beats the baseline: exploring is then worth
     more than re-measuring."""
@@ -188,7 +190,11 @@ def confirm_cost(
     contenders = [c for c in finalists if c != baseline and (base is None or values[c] > base)]
     if not contenders:
         return 0.0
-    return min(0.35 * budget_s, (len(contenders) + 1) * rounds * trial_wall_s)
+    walls = walls or {}
+    round_s = sum(walls.get(c, trial_wall_s) for c in [*contenders, baseline] if c is not None)
+    if baseline is None:
+        round_s += trial_wall_s
+    return min(0.35 * budget_s, rounds * round_s)
 
 
 def switch_pays(ours: Sequence[float], theirs: Sequence[float]) -> bool:
