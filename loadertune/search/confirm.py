@@ -133,8 +133,8 @@ def confirm(
     """Measure ``finalists`` and ``baseline`` in ``rounds`` interleaved rounds (fewer if the
     deadline, a ``time.monotonic()`` value, comes first). ``run_in_turn`` measures the rounds'
     settings in one go (a script's runner keeps one process for all of them), and stops when a
-    trial would end past the deadline: each trial is expected to take its setting's wall time
-    in ``walls`` when known, else ``trial_wall_s``. ``measure_first``: the first finalist is
+    trial would end past the deadline: each trial is expected to take ``trial_wall_s``, or its
+    setting's time in ``walls`` when longer. ``measure_first``: the first finalist is
     measured even past the deadline. ``prior``: rates measured earlier in this run (the
     exploration's), pooled with the rounds: more samples per setting, so one unlucky round
     decides less;
@@ -155,7 +155,7 @@ def confirm(
         """The next trial (its setting's own wall time when known) ends by the deadline."""
         if done >= len(order):
             return False
-        wall = (walls or {}).get(order[done], trial_wall_s)
+        wall = max(trial_wall_s, (walls or {}).get(order[done], 0.0))
         return time.monotonic() + wall <= deadline
 
     def record(result: TrialResult) -> bool:

@@ -278,7 +278,7 @@ class Search:
         finalists = [] if baseline_only else self._finalists()
         configs = list(dict.fromkeys([*finalists, self.baseline]))
         wall, walls = self._typical_wall(), self.ledger.walls()
-        round_s = sum(walls.get(c, wall) for c in configs)  # a slow baseline costs its own time
+        round_s = sum(max(wall, walls.get(c, 0.0)) for c in configs)  # a slow baseline's own
         rounds = min(self.settings.confirm_rounds, int(self._remaining() // max(round_s, 1e-9)))
         # The winner must have figures from this run: a resumed search's leader measured only
         # in an earlier run is measured once even past the deadline.

@@ -83,12 +83,14 @@ class Ledger:
         return subs
 
     def walls(self) -> dict[Config, float]:
-        """The median wall time of this run's successful trials of each setting (a baseline at
-        a large batch may take many times the typical trial)."""
+        """How long this run's measurements of each setting took, median: first batch, warm-up
+        and window (a baseline at a large batch may take many typical trials). A script's
+        process start is left out: the confirmation runs in a launch already up."""
         walls: dict[Config, list[float]] = {}
         for t in self.trials:
-            if t.ok and not t.kept and t.phase != "replay":
-                walls.setdefault(t.config, []).append(t.wall_s)
+            m = t.measurement
+            if t.ok and m is not None and not t.kept and t.phase != "replay":
+                walls.setdefault(t.config, []).append(m.first_batch_s + m.warmup_s + m.window_s)
         return {c: statistics.median(w) for c, w in walls.items()}
 
     def robust_best(self) -> float:

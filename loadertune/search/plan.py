@@ -180,7 +180,7 @@ def confirm_cost(
 ) -> float:
     """Seconds to keep for the confirmation: ``rounds`` interleaved rounds of each finalist
     that beats the baseline, and of the baseline, at most 35% of the budget. Each trial takes
-    its setting's own wall time in this run (``walls``), else ``trial_wall_s``. Nothing is kept
+    ``trial_wall_s``, or its setting's own time in this run (``walls``) when longer. Nothing is kept
     before the first :data:`MIN_EXPLORED` settings of the exploration have run (the probe's
     predicted best among them), or while nothing beats the baseline: exploring is then worth
     more than re-measuring."""
@@ -191,7 +191,9 @@ def confirm_cost(
     if not contenders:
         return 0.0
     walls = walls or {}
-    round_s = sum(walls.get(c, trial_wall_s) for c in [*contenders, baseline] if c is not None)
+    round_s = sum(
+        max(trial_wall_s, walls.get(c, 0.0)) for c in [*contenders, baseline] if c is not None
+    )
     if baseline is None:
         round_s += trial_wall_s
     return min(0.35 * budget_s, rounds * round_s)
