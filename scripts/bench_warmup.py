@@ -1,0 +1,99 @@
+"""Must a trial's warm-up drain every batch in flight, or is one round of the workers enough?
+
+A trial's workers start afresh, so its buffer starts empty. This measures the same real
+multi-worker DataLoader (a dataset that burns ``--sample-ms`` of CPU per sample, 2 workers,
+``prefetch_factor`` 8) with the meter's window after three warm-ups, interleaved, per step time:
+
+* ``drain``: ``workers x prefetch_factor + 1`` batches (what
+  :func:`loadertune.trials.runner.window_for` did before);
+* ``round``: ``workers + 1`` batches (what it does now);
+* ``steady``: 120 batches, far past any start-up: the reference.
+
+The step times sit around the loader's pace (2 workers / (16 samples x 2 ms) = one batch per 16 ms):
+40 ms (the step sets the pace), 18 ms (about even), 8 ms (the loader sets it)::
+
+    python scripts/bench_warmup.py --rounds 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from loadertune.measure.counting import structure_counter
+from loadertune.measure.meter import Meter, WindowSpec
+
+
+class Burn(Dataset[torch.Tensor]):
+    """Every sample burns ``ms`` of CPU."""
+
+    def __init__(self, ms: float) -> None:
+        self.ms = ms
+
+    def __len__(self) -> int:
+        return 10**6
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        end = time.thread_time() + self.ms / 1000
+        while time.thread_time() < end:
+            pass
+        return torch.zeros(8)
+
+
+def trial(
+    *, step_ms: float, warmup: int, workers: int, prefetch: int, sample_ms: float, window_s: float
+) -> float:
+    loader = DataLoader(
+        Burn(sample_ms), batch_size=16, num_workers=workers, prefetch_factor=prefetch
+    )
+    spec = WindowSpec(
+        warmup_batches=warmup,
+        window_s=window_s,
+        settled_after=max(2, workers),
+        round_batches=workers,
+        min_window_batches=max(4, workers),
+    )
+    meter = Meter(spec, count=structure_counter)
+    for _ in meter.wrap(loader):  # the window ends the loop
+        time.sleep(step_ms / 1000)
+    return meter.result().samples_per_s
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--sample-ms", type=float, default=2.0)
+    ap.add_argument("--window", type=float, default=0.75)
+    args = ap.parse_args()
+    workers, prefetch = 2, 8
+    warmups = {"drain": workers * prefetch + 1, "round": workers + 1, "steady": 120}
+    print(f"samples/s, median [min-max] of {args.rounds} rounds, interleaved")
+    for step_ms in (40.0, 18.0, 8.0):
+        rates: dict[str, list[float]] = {k: [] for k in warmups}
+        for _ in range(args.rounds):
+            for name, warmup in warmups.items():
+                rates[name].append(
+                    trial(
+                        step_ms=step_ms,
+                        warmup=warmup,
+                        workers=workers,
+                        prefetch=prefetch,
+                        sample_ms=args.sample_ms,
+                        window_s=args.window,
+                    )
+                )
+        ref = statistics.median(rates["steady"])
+        cells = [
+            f"{k} {statistics.median(v):.0f} [{min(v):.0f}-{max(v):.0f}] "
+            f"({statistics.median(v) / ref:.3f})"
+            for k, v in rates.items()
+        ]
+        print(f"step {step_ms:4.0f} ms: " + "  ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
