@@ -256,7 +256,7 @@ _SEED_SPACES = [
 def test_seed_configs_are_distinct_and_inside_the_space(
     space: SearchSpace, need: int, known: bool
 ) -> None:
-    seeds = seed_configs(_estimates(need), space, epoch_length_known=known)
+    seeds = seed_configs(_estimates(need), space, batch_size=64, epoch_length_known=known)
     assert seeds
     assert len(seeds) <= len(space.batch_sizes) + 5
     assert len(set(seeds)) == len(seeds)
@@ -267,15 +267,15 @@ def test_seed_configs_are_distinct_and_inside_the_space(
 def test_seed_configs_respects_limit() -> None:
     space = SearchSpace(batch_sizes=(32, 64, 128, 256), max_workers=16)
     est = _estimates(5)
-    assert len(seed_configs(est, space, epoch_length_known=True)) == 4 + 5
-    assert len(seed_configs(est, space, epoch_length_known=True, limit=2)) == 2
-    assert seed_configs(est, space, epoch_length_known=True, limit=0) == []
-    assert len(seed_configs(est, space, epoch_length_known=True, limit=50)) >= 9
+    assert len(seed_configs(est, space, batch_size=64, epoch_length_known=True)) == 4 + 5
+    assert len(seed_configs(est, space, batch_size=64, epoch_length_known=True, limit=2)) == 2
+    assert seed_configs(est, space, batch_size=64, epoch_length_known=True, limit=0) == []
+    assert len(seed_configs(est, space, batch_size=64, epoch_length_known=True, limit=50)) >= 9
 
 
 def test_seed_configs_start_at_the_workers_needed() -> None:
     space = SearchSpace(batch_sizes=(64,), max_workers=16)
-    seeds = seed_configs(_estimates(5), space, epoch_length_known=True)
+    seeds = seed_configs(_estimates(5), space, batch_size=64, epoch_length_known=True)
     assert seeds[0] == Config(64, 5, 2, False, True)
     assert {s.num_workers for s in seeds} >= {4, 5, 6}
     assert all(s.batch_size == 64 for s in seeds)
@@ -285,55 +285,55 @@ def test_seed_configs_far_above_the_cpus_start_between_them_and_the_estimate() -
     """60 workers needed on 2 CPUs: waiting alone says so, and storage or memory may cap the
     useful count far lower; start at the geometric mean of 3 and 60 (13), and try 60 too."""
     space = SearchSpace(batch_sizes=(64,), max_workers=64)
-    seeds = seed_configs(_estimates(60), space, epoch_length_known=False)
+    seeds = seed_configs(_estimates(60), space, batch_size=64, epoch_length_known=False)
     assert seeds[0] == Config(64, 13, 2)
     assert Config(64, 60, 2) in seeds
 
 
 def test_seed_configs_cap_workers_at_max() -> None:
     space = SearchSpace(batch_sizes=(64,), max_workers=3)
-    seeds = seed_configs(_estimates(30), space, epoch_length_known=False)
+    seeds = seed_configs(_estimates(30), space, batch_size=64, epoch_length_known=False)
     assert seeds[0].num_workers == 3
     assert max(s.num_workers for s in seeds) == 3
 
 
 def test_seed_configs_without_workers() -> None:
     space = SearchSpace(batch_sizes=(32, 64), max_workers=0)
-    seeds = seed_configs(_estimates(4), space, epoch_length_known=True)
-    assert seeds == [Config(32), Config(64)]  # predicted alike: the cheaper trial first
+    seeds = seed_configs(_estimates(4), space, batch_size=64, epoch_length_known=True)
+    assert seeds == [Config(64), Config(32)]
 
 
 def test_seed_configs_persistent_only_when_epoch_length_known() -> None:
     space = SearchSpace(batch_sizes=(64,), max_workers=8)
-    known = seed_configs(_estimates(3), space, epoch_length_known=True)
-    unknown = seed_configs(_estimates(3), space, epoch_length_known=False)
+    known = seed_configs(_estimates(3), space, batch_size=64, epoch_length_known=True)
+    unknown = seed_configs(_estimates(3), space, batch_size=64, epoch_length_known=False)
     assert all(s.persistent_workers for s in known if s.num_workers)
     assert not any(s.persistent_workers for s in unknown)
 
 
 def test_seed_configs_pin_memory_with_cuda() -> None:
     space = SearchSpace(batch_sizes=(64,), max_workers=8, pin_memory=(False, True))
-    seeds = seed_configs(_estimates(3), space, epoch_length_known=True)
+    seeds = seed_configs(_estimates(3), space, batch_size=64, epoch_length_known=True)
     assert all(s.pin_memory for s in seeds)
 
 
 def test_seed_configs_include_other_batch_sizes() -> None:
     """With a few worker variants at the user's batch size, every other batch size is seeded."""
     space = SearchSpace(batch_sizes=(32, 64, 128), max_workers=2)
-    seeds = seed_configs(_estimates(1), space, epoch_length_known=True)
+    seeds = seed_configs(_estimates(1), space, batch_size=64, epoch_length_known=True)
     assert {s.batch_size for s in seeds} == {32, 64, 128}
-    assert seeds[0].batch_size == 32  # predicted alike: the smallest (cheapest trial) first
+    assert seeds[0].batch_size == 64  # the user's batch size comes first
 
 
 def test_seed_configs_with_a_large_limit_include_every_batch_size() -> None:
     space = SearchSpace(batch_sizes=(16, 32, 64, 128, 256), max_workers=16)
-    seeds = seed_configs(_estimates(5), space, epoch_length_known=True, limit=20)
+    seeds = seed_configs(_estimates(5), space, batch_size=64, epoch_length_known=True, limit=20)
     assert {s.batch_size for s in seeds} == set(space.batch_sizes)
 
 
 def test_seed_configs_include_other_batch_sizes_with_default_limit() -> None:
     space = SearchSpace(batch_sizes=(32, 64, 128), max_workers=16)
-    seeds = seed_configs(_estimates(5), space, epoch_length_known=True)
+    seeds = seed_configs(_estimates(5), space, batch_size=64, epoch_length_known=True)
     assert {s.batch_size for s in seeds} == {32, 64, 128}
 
 
@@ -345,7 +345,7 @@ def test_seed_configs_fit_the_in_flight_budget() -> None:
         bytes_per_sample=2.0**20,
         max_in_flight_bytes=256.0 * 2**20,
     )
-    seeds = seed_configs(_estimates(6), space, epoch_length_known=True)
+    seeds = seed_configs(_estimates(6), space, batch_size=64, epoch_length_known=True)
     assert seeds
     assert all(s.in_flight_batches <= 4 for s in seeds)
 
@@ -407,15 +407,29 @@ def test_seeds_at_a_larger_batch_get_the_workers_its_faster_step_needs() -> None
     user's 32 with fewer."""
     est = _two_replays(fixed_s=0.02, per_sample_s=1e-5)
     space = SearchSpace(batch_sizes=(32, 128, 512), max_workers=64, limits={"cpu": 64})
-    seeds = seed_configs(est, space, epoch_length_known=False)
+    seeds = seed_configs(est, space, batch_size=32, epoch_length_known=False)
     assert [c.batch_size for c in seeds[:3]] == [512, 128, 32], seeds
     assert seeds[0].num_workers > 3 * seeds[2].num_workers, seeds
 
 
-def test_seeds_start_at_the_smallest_batch_when_no_batch_size_is_predicted_faster() -> None:
+def test_seeds_start_at_the_users_batch_when_no_batch_size_is_predicted_faster() -> None:
     """One replay (no fixed cost known), or a loader that limits every batch size alike: the
-    smallest batch first (the cheapest trial: it must receive as many batches as any other),
-    then the larger ones."""
+    user's batch first, then the others from the smallest (the cheapest trials)."""
     space = SearchSpace(batch_sizes=(16, 64, 256), max_workers=3, limits={"cpu": 3})
-    seeds = seed_configs(_cpu_bound(), space, epoch_length_known=False)
+    seeds = seed_configs(_cpu_bound(), space, batch_size=64, epoch_length_known=False)
+    assert [c.batch_size for c in seeds[:3]] == [64, 16, 256], seeds
+
+
+def test_a_tied_batch_size_whose_batches_outlast_the_window_is_explored_after_the_others() -> None:
+    """Every batch size is predicted alike (the loader limits each): the user's leads, unless a
+    batch of it takes more than a quarter of the window at its predicted rate; then the ones
+    the window bounds come first (a trial must receive several batches, and slow ones take
+    seconds each)."""
+    space = SearchSpace(batch_sizes=(16, 64, 256), max_workers=3, limits={"cpu": 3})
+    est = _cpu_bound()
+    rate = est.at(256).achievable
+    slow = 0.9 * 4 * 256 / rate  # a window in which a batch of 256 takes more than a quarter
+    seeds = seed_configs(est, space, batch_size=256, epoch_length_known=False, window_s=slow)
     assert [c.batch_size for c in seeds[:3]] == [16, 64, 256], seeds
+    seeds = seed_configs(est, space, batch_size=256, epoch_length_known=False, window_s=60.0)
+    assert [c.batch_size for c in seeds[:3]] == [256, 16, 64], seeds

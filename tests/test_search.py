@@ -741,6 +741,33 @@ def test_a_best_that_does_not_wait_for_data_tries_another_batch_size() -> None:
     assert other(skip=lambda c: c.batch_size == 256) == Config(128, 4, 2)
 
 
+def test_a_best_that_hardly_waits_is_still_tried_with_twice_its_workers_while_that_wins() -> None:
+    """The model says more workers buy a best that does not wait nothing; the machine may
+    disagree (the workers and the step share its CPUs). Doubling is tried once, and again while
+    it wins; a larger count that lost, a best that waits (the climbs' case) or a best without
+    workers stops it."""
+    from loadertune.search import plan
+    from loadertune.search.space import SearchSpace
+
+    space = SearchSpace(batch_sizes=(32, 128), max_workers=8, limits={"cpu": 8})
+    values = {Config(128, 1, 2): 353.0, Config(32): 300.0}
+    blocked = {Config(128, 1, 2): 0.03, Config(32): 0.3}
+
+    def more(skip=lambda c: False) -> Config | None:
+        return plan.more_workers(values, blocked, space, skip=skip)
+
+    assert more() == Config(128, 2, 2)
+    values[Config(128, 2, 2)], blocked[Config(128, 2, 2)] = 480.0, 0.02  # it won: again
+    assert more() == Config(128, 4, 2)
+    values[Config(128, 4, 2)], blocked[Config(128, 4, 2)] = 450.0, 0.01  # it lost: stop
+    assert more() is None
+    assert more(skip=lambda c: True) is None
+    blocked[Config(128, 2, 2)] = 0.4  # a best that waits is the climbs' to feed
+    assert more() is None
+    values, blocked = {Config(32): 300.0}, {Config(32): 0.0}  # in-process: the probe's case
+    assert more() is None
+
+
 @pytest.mark.parametrize(
     ("batch_sizes", "replayed"), [([32, 64, 128], [32, 128]), ([32], [32]), ([8, 32], [32, 8])]
 )

@@ -53,6 +53,7 @@ class Agenda:
         self._back_off(space)
         space = self._widen(space)
         self._climb(space)
+        self._more_workers(space)
         self._other_batch(space)
         return space
 
@@ -117,6 +118,15 @@ class Agenda:
         self._queue[:0] = plan.climbs(
             self.ledger.values, self.ledger.blocked, space, skip=self._planned_before
         )
+
+    def _more_workers(self, space: SearchSpace) -> None:
+        """Plan the best with more workers though it hardly waits (see
+        :func:`plan.more_workers`), ahead of the climbs, each once."""
+        config = plan.more_workers(
+            self.ledger.values, self.ledger.blocked, space, skip=self._planned_before
+        )
+        if config is not None:
+            self._queue.insert(0, config)
 
     def _other_batch(self, space: SearchSpace) -> None:
         """Plan another batch size for a best that does not wait for data (see

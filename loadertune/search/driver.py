@@ -366,7 +366,9 @@ class Search:
             seed_configs(
                 est,
                 space,
+                batch_size=self.baseline.batch_size,
                 epoch_length_known=bool(self.runner.epoch_samples),
+                window_s=self.settings.trial_window_s,
             )
             if est
             else []

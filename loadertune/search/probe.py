@@ -253,19 +253,22 @@ def _workers_to_try(est: Estimates, space: SearchSpace) -> tuple[int, int]:
     return need, (round(math.sqrt(floor * need)) if need > 2 * floor else need)
 
 
-def _batch_order(est: Estimates, space: SearchSpace) -> list[int]:
+def _batch_order(
+    est: Estimates, space: SearchSpace, user: int, window_s: float | None = None
+) -> list[int]:
     """The batch sizes, most promising first: by the rate predicted at each (within 5% of the
-    best is a tie), then the smaller (a trial must receive a number of batches, so its time
-    grows with the batch: its workers deliver later, and a round of them holds more samples;
-    where every batch takes seconds, exploring at the largest leaves time for two or three
-    trials). The confirmation still prefers the user's batch size when it is as fast
-    (:data:`loadertune.search.confirm.SIMPLER_WITHIN`)."""
+    best is a tie), then, among ties, those whose trial the window bounds before those whose
+    batches bound it (a batch that takes more than a quarter of ``window_s`` at its predicted
+    rate: a trial receives at least four such batches in its window, and more before it, so
+    where every batch takes seconds, exploring at the largest left time for two or three
+    trials), then the user's, then the smaller (their trials cost less)."""
     rate = {bs: est.at(bs).achievable for bs in space.batch_sizes}
     top = max(rate.values())
 
-    def rank(bs: int) -> tuple[bool, float, int]:
+    def rank(bs: int) -> tuple[bool, float, bool, bool, int]:
         tie = rate[bs] >= 0.95 * top
-        return (not tie, 0.0 if tie else -rate[bs], bs)
+        costly = window_s is not None and rate[bs] > 0 and bs / rate[bs] > window_s / 4
+        return (not tie, 0.0 if tie else -rate[bs], costly, bs != user, bs)
 
     return sorted(space.batch_sizes, key=rank)
 
@@ -274,18 +277,21 @@ def seed_configs(
     est: Estimates,
     space: SearchSpace,
     *,
+    batch_size: int,
     epoch_length_known: bool,
     limit: int | None = None,
+    window_s: float | None = None,
 ) -> list[Config]:
     """The settings to try first, most promising first, all inside ``space``: the estimated
-    workers at the most promising batch size (see :func:`_batch_order`: the fastest predicted,
-    the smallest of a tie), each other batch size once, then neighbours.
+    workers at the most promising batch size (see :func:`_batch_order`: the fastest predicted;
+    of a tie, the user's ``batch_size`` unless its batches are slow for ``window_s``), each
+    other batch size once, then neighbours.
     ``limit`` defaults to the number of batch sizes + 5."""
     if limit is None:
         limit = len(space.batch_sizes) + 5
     pin = True in space.pin_memory
     persist = epoch_length_known and True in space.persistent_workers
-    lead, *others = _batch_order(est, space)
+    lead, *others = _batch_order(est, space, batch_size, window_s)
     need, first = _workers_to_try(est.at(lead), space)
     wanted: list[Config] = []
     if need == 0 or space.max_workers == 0:
