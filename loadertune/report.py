@@ -257,11 +257,15 @@ def summary_lines(rec: Recommendation | Mapping[str, Any]) -> list[str]:
         lines.append(f"batch size left out of the search: {workload['batch_size_fixed']}")
     speedup = entry.get("speedup")
     if speedup is not None:
-        verdict = (
-            "within the noise of your settings: keep them, or take the winner for free"
-            if entry.get("within_noise")
-            else "clearly faster than your settings"
-        )
+        if not entry.get("within_noise"):
+            verdict = "clearly faster than your settings"
+        elif speedup < 1:  # it led over the whole search, not in the rounds side by side
+            verdict = (
+                "within the noise of your settings: ahead over the whole search, behind side "
+                "by side; keep your settings"
+            )
+        else:
+            verdict = "within the noise of your settings: keep them, or take the winner for free"
         lines.append(f"speed-up {speedup:.2f}x per epoch ({verdict})")
     ceiling = diag.get("ceiling_samples_per_s")
     if ceiling:

@@ -214,6 +214,14 @@ def test_summary_lines_within_noise_and_same_batch_size() -> None:
     assert not any(line.startswith("best at your batch size") for line in lines)
 
 
+def test_a_winner_behind_side_by_side_is_not_offered_for_free() -> None:
+    """Ahead over the whole search (its median, the exploration's figures pooled), behind in the
+    rounds side by side: the speed-up under 1 says to keep the settings, not to take it."""
+    lines = summary_lines(_recommendation(within_noise=True, speedup=0.81))
+    assert "speed-up 0.81x" in lines[0] and "keep your settings" in lines[0]
+    assert "for free" not in lines[0]
+
+
 def test_summary_table_sets_baseline_beside_winner() -> None:
     text = _render(summary_table(_recommendation()))
     assert "bs=64 w=0" in text  # baseline
