@@ -19,7 +19,8 @@ class SearchSettings:
         n_trials: cap on settings measured in the probe and exploration (None: budget only).
         window_s: measured window per trial (None: budget_s / 80, within 0.5..3 s: short
             windows, so that more settings and more confirmation rounds fit; the rounds, not the
-            window's length, average out a shared machine's drift).
+            window's length, average out a shared machine's drift. budget_s / 40 on a ``live``
+            run, which trains through its trials: fewer, longer ones cost it less).
         startup_timeout_s: how long the first trial may take to reach its first batch (a
             script's imports, dataset and model set-up); later trials get a limit from it.
         max_workers: the user's cap on ``num_workers`` (None: derived from the machine).
@@ -103,7 +104,10 @@ class SearchSettings:
 
     @property
     def trial_window_s(self) -> float:
-        return self.window_s or min(3.0, max(0.5, self.budget_s / 80))
+        # A live run trains through its trials: a longer window per setting, fewer settings
+        # tried (the simulator's live mode: own-already-best runs paid less).
+        share = 40 if self.live else 80
+        return self.window_s or min(3.0, max(0.5, self.budget_s / share))
 
 
 def default_storage() -> str:
