@@ -121,6 +121,33 @@ def test_gaps_between_epochs_are_excluded() -> None:
     assert len(m.reentry_s) >= 1
 
 
+class _Restarting:
+    """An epoch of 6 instant batches whose first batch waits ``start_s`` (workers restarting)."""
+
+    def __init__(self, start_s: float) -> None:
+        self.start_s = start_s
+
+    def __iter__(self):
+        time.sleep(self.start_s)
+        yield from list(torch.zeros(6, 8, 1))
+
+
+def test_a_new_epoch_s_start_up_inside_the_window_counts_once_as_its_start_up() -> None:
+    """Non-persistent workers restart at each epoch: that wait is the epoch's start-up
+    (``reentry_s``, added once per epoch to the epoch rate), not part of the steady rate, or a
+    window that holds an epoch's end would count it twice."""
+    meter = Meter(WindowSpec(warmup_batches=1, window_s=0.3), count=FixedCount(8))
+    loader = _Restarting(0.1)
+    while not meter.done:
+        for _ in meter.wrap(loader):
+            time.sleep(0.005)
+    m = meter.result()
+    assert len(m.reentry_s) >= 2 and min(m.reentry_s) >= 0.1
+    # 8 samples per 5 ms step, the restarts left out (with them: below 8 / 0.0217 = 369/s)
+    assert m.samples_per_s > 8 / 0.008
+    assert m.blocked_fraction < 0.3
+
+
 def test_progress_can_stop_a_window_early() -> None:
     rec = Recorder(stop_at=1)
     meter = Meter(WindowSpec(warmup_batches=1, window_s=1.0, n_sub_windows=4), sink=rec)

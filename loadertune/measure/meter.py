@@ -234,6 +234,13 @@ class Meter:
         waited = t1 - (self._t_wrap if index == 0 else t0)
         if index == 0 and self._n_wraps > 1:
             self._reentry_s.append(waited)
+            if phase == _WINDOW:
+                # A new epoch's start-up (non-persistent workers restart) is counted once, per
+                # epoch, from ``reentry_s`` (``TrialResult.epoch_startup_s``); in the steady rate
+                # too, it would count twice, and only for the windows that hold an epoch's end.
+                self._excluded += waited
+                self._sub_end += waited
+                waited = 0.0
         if phase == _WINDOW:
             self._w_blocked += waited
             if self._measure_cpu:
