@@ -21,6 +21,7 @@ from loadertune.config import Config
 from loadertune.errors import LoadertuneError, UserCodeError
 from loadertune.hardware import Hardware
 from loadertune.measure.resources import tree_pss
+from loadertune.measure.window import WindowSpec
 from loadertune.search import plan
 from loadertune.search.agenda import Agenda
 from loadertune.search.confirm import Confirmation, confirm
@@ -111,15 +112,19 @@ class Search:
         best = self.ledger.best_value if self.settings.live else self.ledger.robust_best()
         return index >= 1 and running < self.settings.prune_ratio * best
 
-    def _request(self, config: Config | None, phase: str, prunable: bool) -> TrialRequest:
+    def _window(self, config: Config | None) -> WindowSpec:
         # In-process loading has no buffer to drain: one batch of warm-up after the first.
         in_process = config is not None and config.num_workers == 0
-        window = window_for(
+        return window_for(
             config or Config(1),
             window_s=self.settings.trial_window_s,
             min_warmup=1 if in_process else 2,
         )
-        return TrialRequest(window, self._limits(), phase, self._prune_rule if prunable else None)
+
+    def _request(self, config: Config | None, phase: str, prunable: bool) -> TrialRequest:
+        return TrialRequest(
+            self._window(config), self._limits(), phase, self._prune_rule if prunable else None
+        )
 
     def _measure(self, config: Config | None, phase: str, *, prunable: bool = False) -> TrialResult:
         """Run one trial (``config=None``: the workload's own settings) and learn from it."""
@@ -243,9 +248,7 @@ class Search:
             # The workers set the pace only below every other ceiling; at the step's or the
             # CPUs' the buffer stays full and the whole warm-up drains it.
             loader_bound = predicted < 0.95 * at.hard_ceiling
-        rounds_s = plan.least_trial_s(
-            config, self._request(config, "search", False).window, rate, loader_bound=loader_bound
-        )
+        rounds_s = plan.least_trial_s(config, self._window(config), rate, loader_bound=loader_bound)
         needed = max(self._typical_wall(), rounds_s)
         if self._remaining() - self._confirm_cost() >= needed:
             return None
