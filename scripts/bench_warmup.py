@@ -1,18 +1,23 @@
-"""Must a trial's warm-up drain every batch in flight, or is one round of the workers enough?
+"""How long must a trial's warm-up be: every batch in flight, one round of the workers, or a
+single batch?
 
 A trial's workers start afresh, so its buffer starts empty. This measures the same real
-multi-worker DataLoader (a dataset that burns ``--sample-ms`` of CPU per sample, 2 workers,
-``prefetch_factor`` 8) with the meter's window after three warm-ups, interleaved, per step time:
+multi-worker DataLoader (a dataset that burns ``--sample-ms`` of CPU per sample, ``--workers``
+workers, ``prefetch_factor`` 8) with the meter's window after each warm-up, interleaved, per step
+time:
 
-* ``drain``: ``workers x prefetch_factor + 1`` batches (what
-  :func:`loadertune.trials.runner.window_for` did before);
-* ``round``: ``workers + 1`` batches (what it does now);
+* ``drain``: ``workers x prefetch_factor + 1`` batches;
+* ``round``: ``workers + 1`` batches (:func:`loadertune.trials.runner.window_for` for a
+  process's first setting);
+* ``one``: 1 batch (for a setting that takes over a loop already running);
 * ``steady``: 120 batches, far past any start-up: the reference.
 
 The step times sit around the loader's pace (2 workers / (16 samples x 2 ms) = one batch per 16 ms):
-40 ms (the step sets the pace), 18 ms (about even), 8 ms (the loader sets it)::
+40 ms (the step sets the pace), 18 ms (about even), 8 ms (the loader sets it). ``--busy`` makes
+the step burn CPU instead of sleeping, so the workers and the step share the CPUs, as a training
+step does::
 
-    python scripts/bench_warmup.py --rounds 4
+    python scripts/bench_warmup.py --rounds 5 --workers 2 --busy
 """
 
 from __future__ import annotations
@@ -38,14 +43,25 @@ class Burn(Dataset[torch.Tensor]):
         return 10**6
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        end = time.thread_time() + self.ms / 1000
-        while time.thread_time() < end:
-            pass
+        burn(self.ms)
         return torch.zeros(8)
 
 
+def burn(ms: float) -> None:
+    end = time.thread_time() + ms / 1000
+    while time.thread_time() < end:
+        pass
+
+
 def trial(
-    *, step_ms: float, warmup: int, workers: int, prefetch: int, sample_ms: float, window_s: float
+    *,
+    step_ms: float,
+    warmup: int,
+    workers: int,
+    prefetch: int,
+    sample_ms: float,
+    window_s: float,
+    busy: bool,
 ) -> float:
     loader = DataLoader(
         Burn(sample_ms), batch_size=16, num_workers=workers, prefetch_factor=prefetch
@@ -59,7 +75,10 @@ def trial(
     )
     meter = Meter(spec, count=structure_counter)
     for _ in meter.wrap(loader):  # the window ends the loop
-        time.sleep(step_ms / 1000)
+        if busy:
+            burn(step_ms)
+        else:
+            time.sleep(step_ms / 1000)
     return meter.result().samples_per_s
 
 
@@ -68,9 +87,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--sample-ms", type=float, default=2.0)
     ap.add_argument("--window", type=float, default=0.75)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--busy", action="store_true", help="the step burns CPU (else it sleeps)")
     args = ap.parse_args()
-    workers, prefetch = 2, 8
-    warmups = {"drain": workers * prefetch + 1, "round": workers + 1, "steady": 120}
+    workers, prefetch = args.workers, 8
+    warmups = {"drain": workers * prefetch + 1, "round": workers + 1, "one": 1, "steady": 120}
     print(f"samples/s, median [min-max] of {args.rounds} rounds, interleaved")
     for step_ms in (40.0, 18.0, 8.0):
         rates: dict[str, list[float]] = {k: [] for k in warmups}
@@ -84,6 +105,7 @@ def main() -> None:
                         prefetch=prefetch,
                         sample_ms=args.sample_ms,
                         window_s=args.window,
+                        busy=args.busy,
                     )
                 )
         ref = statistics.median(rates["steady"])

@@ -174,6 +174,37 @@ def test_many_settings_run_in_one_process_and_each_epoch_holds_every_sample_once
         assert sorted(epoch["samples"]) == list(range(600)), epoch["epoch"]
 
 
+def test_the_next_settings_take_over_the_first_epoch_right_after_the_scripts_own(
+    tmp_path: Path,
+) -> None:
+    """The first trial measures the script's own loader as it runs (2 persistent workers, 8
+    batches in flight); the next setting takes over the rest of that same epoch once the batches
+    in flight are handed over, rather than after the epoch's end (which may be minutes away). The
+    epoch still holds every sample once, and the script's own workers are gone."""
+    out = tmp_path / "counts.jsonl"
+    runner = ScriptRunner(SCRIPTS / "counts.py", [str(out), "2", "2", "4000"])
+    limits = Limits(timeout_s=60, startup_s=30, hang_s=5)
+    swapped = Config(8, 1, 2)
+    try:
+        base = runner.run(None, window=window_for(Config(16, 2), window_s=0.2), limits=limits)
+        result = runner.run(swapped, window=window_for(swapped, window_s=0.2), limits=limits)
+        for _ in range(20):  # more settings, until the loop has finished its first epoch
+            if out.exists():
+                break
+            runner.run(Config(32, 0), window=window_for(Config(32, 0), window_s=0.2), limits=limits)
+        assert runner.n_launches == 1
+    finally:
+        runner.close()
+    assert base.ok and result.ok, (base.failure, result.failure)
+    assert result.resources is not None and result.resources.n_workers == 1  # not 1 + 2 idle
+    epochs = [json.loads(line) for line in out.read_text().splitlines()]
+    first = epochs[0]
+    assert sorted(first["samples"]) == list(range(4000))
+    assert 8 in first["lengths"], "the swapped setting waited for the next epoch"
+    at = first["lengths"].index(8)
+    assert set(first["lengths"][:at]) == {16}
+
+
 def test_a_worker_killed_mid_sequence_is_recorded_and_the_rest_runs_in_a_fresh_process() -> None:
     runner = ScriptRunner(SCRIPTS / "killer.py")  # kills a worker of a 3-worker loader
     limits = Limits(timeout_s=60, startup_s=30, hang_s=5)

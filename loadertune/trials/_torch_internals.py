@@ -27,6 +27,10 @@ Each name, what it is used for, and what happens if it changes:
 - ``DataLoader._get_iterator``, ``._index_sampler`` and ``._auto_collation``: how a loader makes
   its iterator; a subclass overriding one is not hot-swapped (:mod:`loadertune.trials.hotswap`).
   If gone: every loader is taken for such a subclass, and gets a fresh process per setting.
+- ``_BaseDataLoaderIter._sampler_iter``: the batches an epoch's iterator has not asked its
+  workers for yet, taken over by a :class:`~loadertune.trials.hotswap.HotSwap` mid-epoch
+  (:func:`take_rest`). If gone: the first setting's epoch runs to its end before the swap starts
+  (slower, not wrong).
 - ``multiprocessing.Process._popen.returncode``: tell multiprocessing about workers we reaped.
   If gone: two fds and a Process object leak per killed worker.
 """
@@ -61,7 +65,13 @@ REQUIRED: tuple[tuple[object, str], ...] = (
 ITERATOR_HOOKS = ("_get_iterator", "_index_sampler", "_auto_collation")
 REQUIRED += tuple((DataLoader, name) for name in ITERATOR_HOOKS)
 # Set on instances in __init__ (not visible on the class): checked on a live iterator.
-INSTANCE_ATTRIBUTES = ("_index_queues", "_worker_result_queue", "_workers", "_shutdown")
+INSTANCE_ATTRIBUTES = (
+    "_index_queues",
+    "_worker_result_queue",
+    "_workers",
+    "_shutdown",
+    "_sampler_iter",
+)
 
 
 def missing(iterator: object | None = None) -> list[str]:
@@ -317,6 +327,18 @@ def shut_down(iterator: object, timeout_s: float = 5.0) -> bool:
     thread.start()
     thread.join(timeout_s)
     return not thread.is_alive()
+
+
+def take_rest(iterator: object) -> Iterator[Any] | None:
+    """Take from a DataLoader iterator the batches of its epoch it has not asked for yet (its
+    batch sampler's iterator, which yields them in order): from then on it hands over only the
+    batches in flight (``num_workers * prefetch_factor`` at most; none without workers), then
+    ends its epoch. None: not a DataLoader iterator of this torch (the epoch runs to its end)."""
+    if not isinstance(iterator, _BaseDataLoaderIter) or not hasattr(iterator, "_sampler_iter"):
+        return None
+    rest: Iterator[Any] = iterator._sampler_iter
+    iterator._sampler_iter = iter(())
+    return rest
 
 
 def iterators_in(error: BaseException | None) -> list[object]:

@@ -124,7 +124,8 @@ class TrialController:
             return original(loader)
         meter = self.meter
         if self.swap is None and self.conductor is not None and meter is not None and meter.done:
-            # the first setting was measured on the loader as it ran: segments load from now on
+            # the first setting was measured on the loader as it ran and its epoch could not be
+            # taken over (_swap_now): segments load from this epoch on
             assert self.target is not None  # (its persistent workers go)
             _internals.shut_down(_internals.live_iterator(self.target.loader))
             self.swap = hotswap.HotSwap(loader, self.conductor, fall_back=False)
@@ -234,7 +235,7 @@ class TrialController:
         """Run this process's trials through a HotSwap when the search allows it and the loader
         can change setting mid-epoch; else why not. A target named by the spec swaps from its
         first epoch; one found while it ran (the loader that feeds the optimizer) runs its first
-        setting as it is, and swaps from the first epoch after that setting's window."""
+        setting as it is, and swaps right after that setting's window (:meth:`_swap_now`)."""
         if not self.spec.get("hot_swap"):
             return "one setting asked for"
         if self.rank is not None:
@@ -313,10 +314,25 @@ class TrialController:
             next(target.original(target.loader))
             m.reentry_s.append(time.perf_counter() - t)
         self._report(m, complete=True)
+        if self.conductor is not None and self.swap is None:
+            self._swap_now()
         if self.rank is not None or self.conductor is not None:
-            return  # the loop goes on (a rank, or into a HotSwap at its next epoch)
+            return  # the loop goes on (a rank, or into a HotSwap)
         time.sleep(_LINGER_S)
         os._exit(0)
+
+    def _swap_now(self) -> None:
+        """The first setting, measured on the loader as it ran, is done: the settings the search
+        sends next take over the rest of this epoch (once the batches in flight are handed over),
+        not only from the next one, which may be many minutes away."""
+        target = self.target
+        assert target is not None and self.conductor is not None
+        epoch = target.current
+        swap = hotswap.HotSwap(target.loader, self.conductor, fall_back=False)
+        if epoch is not None and epoch.hand_over(swap.rest_of_epoch):
+            self.swap = swap
+            if target.record.index not in self._swap_loaders:
+                self._swap_loaders.append(target.record.index)
 
     def _no_batches(self, why: str, record: LoaderRecord, loader: DataLoader[Any]) -> None:
         """The tuned loader yields nothing: report, then wait for the parent to end us."""

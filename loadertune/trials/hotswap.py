@@ -45,6 +45,7 @@ search never changes it: the batch sampler decides).
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -173,7 +174,19 @@ class HotSwap:
     def epoch(self) -> Iterator[Any]:
         """What ``iter(loader)`` returns: one epoch's batches, whatever setting is in use."""
         source = self.loader.sampler if self.regroup else self.loader.batch_sampler
-        order = self._order = EpochOrder(source)  # type: ignore[arg-type]
+        return self._enter(EpochOrder(source))  # type: ignore[arg-type]
+
+    def rest_of_epoch(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """The rest of an epoch the script's own loader began: ``batches``, the batches its batch
+        sampler has not given yet (:func:`~loadertune.trials._torch_internals.take_rest`). At
+        another batch size they are regrouped as one stream of samples; with ``drop_last`` the
+        script's batch sampler has dropped its short tail already, and each setting then drops
+        its own."""
+        units = itertools.chain.from_iterable(batches) if self.regroup else batches
+        return self._enter(EpochOrder(units))
+
+    def _enter(self, order: EpochOrder) -> Iterator[Any]:
+        self._order = order
         self._pending.clear()  # fetched for an epoch the script has left
         if self.current is not None:
             self.current.enter(order)

@@ -104,6 +104,7 @@ class Metered:
         self.on_batch = on_batch
         self.lengths: set[int] = set()
         self.loaders: list[int] = []  # the index of each loader iterated: re-creations
+        self.current: MeteredEpoch | None = None  # the epoch iterated last
         self._window_s, self._on_full = window_s, on_full
         self.meter = self._new_meter()
 
@@ -139,7 +140,8 @@ class Metered:
         if record.index not in self.loaders:
             self.loaders.append(record.index)
         self.loader, self.original = loader, original
-        return MeteredEpoch(self, self.meter.wrap(_Epoch(original, loader)))
+        self.current = MeteredEpoch(self, self.meter.wrap(_Epoch(original, loader)))
+        return self.current
 
     def replay(self, batch: Any) -> Iterator[Any]:
         """An endless epoch of one cached batch, metered (the step's rate without loading)."""
@@ -152,7 +154,9 @@ class Metered:
         """What the loader really ran with: its settings as built, the workers its iterator
         started, the lengths of the batches seen, and how many loader objects were iterated."""
         loader = self.loader
-        iterator = self.meter.iterator or _internals.live_iterator(loader)
+        iterator: object = self.meter.iterator  # (not ``or``: its truth asks for its length)
+        if iterator is None:
+            iterator = _internals.live_iterator(loader)
         return {
             "settings": dl.settings_of(loader).loader_kwargs(),
             "workers_started": _internals.workers_started(iterator),
@@ -163,9 +167,10 @@ class Metered:
 
 class MeteredEpoch:
     """An epoch's iterator: through the meter while it measures, then straight from the loader
-    (the window is full, or the loader was dropped as a candidate) so the loop goes on."""
+    (the window is full, or the loader was dropped as a candidate) so the loop goes on; or, once
+    :meth:`hand_over` has taken the rest of the epoch, from what it was handed to."""
 
-    __slots__ = ("_meter", "_metered", "_n", "_raw", "_wrapped")
+    __slots__ = ("_meter", "_metered", "_n", "_raw", "_then", "_wrapped")
 
     def __init__(self, metered: Metered, meter: Meter) -> None:
         self._metered = metered
@@ -173,6 +178,18 @@ class MeteredEpoch:
         self._wrapped = meter  # the meter this epoch went through last
         self._raw = meter.iterator
         self._n = 0
+        self._then: Iterator[Any] | None = None
+
+    def hand_over(self, then: Callable[[Iterator[Any]], Iterator[Any]]) -> bool:
+        """Take the batches of this epoch the loader has not asked for yet and pass them to
+        ``then``, whose iterator gives the rest of the epoch once the loader has handed over
+        what it has in flight (its workers are then shut down). False: the loader's iterator
+        cannot give them up (its epoch runs to its end)."""
+        rest = _internals.take_rest(self._raw)
+        if rest is None:
+            return False
+        self._then = then(rest)
+        return True
 
     def __iter__(self) -> MeteredEpoch:
         return self
@@ -188,9 +205,9 @@ class MeteredEpoch:
                 if not meter.done:
                     raise  # the epoch ended
                 self._meter = None  # the window ended: go on without it
-                batch = next(self._raw)  # type: ignore[arg-type]
+                batch = self._next_raw()
         else:
-            batch = next(self._raw)  # type: ignore[arg-type]
+            batch = self._next_raw()
         if self._n < SEEN_BATCHES:
             self._n += 1
             self._metered.saw(batch)
@@ -198,3 +215,14 @@ class MeteredEpoch:
         if on_batch is not None:
             on_batch(self._metered.key)
         return batch
+
+    def _next_raw(self) -> Any:
+        try:
+            return next(self._raw)  # type: ignore[arg-type]
+        except StopIteration:
+            then, self._then = self._then, None
+            if then is None:
+                raise
+        _internals.shut_down(self._raw)  # the loader's own workers (persistent ones would idle)
+        self._raw, self._n = then, SEEN_BATCHES  # (the lengths seen are the loader's own)
+        return next(then)

@@ -214,7 +214,9 @@ class Segment:
         settings = dl.settings_of(self.loader).loader_kwargs()
         if self.sampler.batch_size is None:  # the script's batch sampler decides, as it did
             settings["batch_size"] = self._own_batch_size
-        iterator = self.iterator or _internals.live_iterator(self.loader)
+        iterator = self.iterator  # (not ``or``: an iterator's truth asks for its length)
+        if iterator is None:
+            iterator = _internals.live_iterator(self.loader)
         return {
             "settings": settings,
             "workers_started": _internals.workers_started(iterator),

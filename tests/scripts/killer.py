@@ -17,6 +17,7 @@ class Fragile(Latency):
         return super().__getitem__(i)
 
 
+loader = DataLoader(Fragile(), batch_size=16, shuffle=True)
 for epoch in range(3):
-    for x, y in DataLoader(Fragile(), batch_size=16, shuffle=True):
+    for x, y in loader:
         torch.mm(x.T, x)
