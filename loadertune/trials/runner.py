@@ -309,7 +309,10 @@ def window_for(config: Config, *, window_s: float, min_warmup: int = 2) -> Windo
     batch). Draining every batch in flight (``workers x prefetch_factor``) cost a compute-bound
     trial up to 25 steps and measured no truer: ``python scripts/bench_warmup.py`` (2 workers,
     prefetch 8, steps of 8, 18 and 40 ms around a 16 ms loader) gave medians within 5% of a
-    window after 120 batches either way, inside the rounds' spread."""
+    window after 120 batches either way, inside the rounds' spread. Shorter is biased: with 3
+    workers on 2 CPUs and a step that computes (``--workers 3 --busy --rounds 5``), a warm-up of
+    one batch measured 0.86, 0.86 and 0.95 of the reference (the first round, made while every
+    worker started at once, is slow); one round measured 0.96 to 1.03."""
     workers = config.num_workers
     return WindowSpec(
         warmup_batches=max(min_warmup, workers + 1),
