@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 import time
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -410,6 +412,32 @@ def test_a_search_interrupted_during_the_probe_keeps_its_finished_trials(
     study = optuna.load_study(study_name="probe-cut", storage=s.storage)
     phases = [t.user_attrs.get("phase") for t in study.trials]
     assert phases.count("baseline") == 1 and phases.count("probe") == 1  # recorded once
+
+
+def test_ctrl_c_in_the_middle_of_a_study_write_waits_for_its_end(tmp_path, hw, monkeypatch) -> None:
+    """SIGINT delivered while the baseline is being written to the study (inside the storage's
+    call): the write completes, then the search stops as interrupted (not with the storage's
+    own error), and the next run takes the baseline back rather than measuring it again."""
+    s = settings(tmp_path, study_name="cut-write", n_trials=4)
+    write = optuna.study.Study.set_user_attr
+    calls: list[tuple[str, int]] = []
+
+    def interrupted_write(study, key, value):
+        n = len([c for c in calls if c[0] == "start"])
+        calls.append(("start", n))
+        if n == 0:
+            os.kill(os.getpid(), signal.SIGINT)  # arrives here, inside the write
+        write(study, key, value)
+        calls.append(("done", n))
+
+    monkeypatch.setattr(optuna.study.Study, "set_user_attr", interrupted_write)
+    with pytest.raises(SearchInterrupted, match="run the same command again"):
+        _search(FakeRunner(io_landscape), s, hw)
+    assert calls[:2] == [("start", 0), ("done", 0)]  # not cut in half
+    monkeypatch.setattr(optuna.study.Study, "set_user_attr", write)
+    runner = FakeRunner(io_landscape)
+    _search(runner, s, hw)
+    assert "baseline" not in [phase for phase, _ in runner.log]
 
 
 def test_a_search_interrupted_between_its_two_replays_runs_the_second_only(tmp_path, hw) -> None:

@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import os
+import signal
+import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
@@ -30,6 +34,39 @@ from loadertune.search.space import SearchSpace
 from loadertune.trials import TrialResult
 
 OPENING = "opening"  # the study attribute that keeps the opening's trials (see keep_opening)
+_HELD = (signal.SIGINT, signal.SIGTERM)
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _whole(method: _F) -> _F:
+    """A write to the study is not cut in half by Ctrl-C or SIGTERM: the signal waits for the
+    write's end, then the handler in place runs as it would have (it raises KeyboardInterrupt,
+    which the search turns into "interrupted, run it again"). Cut in half, the storage's commit
+    fails with an error of its own, and that error, not the interruption, ended the search."""
+
+    @functools.wraps(method)
+    def held(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            return method(*args, **kwargs)
+        caught: list[int] = []
+
+        def hold(signum: int, _frame: Any) -> None:
+            caught.append(signum)
+
+        previous: dict[int, Any] = {sig: signal.signal(sig, hold) for sig in _HELD}
+        try:
+            return method(*args, **kwargs)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            if caught:
+                handler = previous[caught[0]]
+                if callable(handler):
+                    handler(caught[0], None)
+                elif handler == signal.SIG_DFL:
+                    os.kill(os.getpid(), caught[0])  # its default action, now
+
+    return held  # type: ignore[return-value]
 
 
 def _distributions(space: SearchSpace, config: Config) -> dict[str, BaseDistribution]:
@@ -90,6 +127,7 @@ class StudyLog:
         ConfigError: the storage cannot be opened, or the name belongs to another kind of study.
     """
 
+    @_whole
     def __init__(
         self, storage: str, name: str, *, resume: bool, seed: int | None, buffered: bool = False
     ) -> None:
@@ -124,6 +162,7 @@ class StudyLog:
 
     # -- resuming --------------------------------------------------------------------------------
 
+    @_whole
     def previous(self) -> Previous | None:
         """The state of an earlier run of this study (None if there was none). A trial left
         running by a run that died is closed as failed."""
@@ -152,6 +191,7 @@ class StudyLog:
                 prev.failed.append((config, t.user_attrs["error"]))
         return prev
 
+    @_whole
     def keep_opening(self, trials: list[TrialResult], runner_state: dict[str, Any]) -> None:
         """Keep the opening's trials so far, whole, and what the runner learnt from them."""
         self.study.set_user_attr(
@@ -177,6 +217,7 @@ class StudyLog:
         kept = [] if "space" in attrs else (attrs.get(OPENING) or {}).get("trials", [])
         return sum(1 for t in kept if not ok or t.get("status") == "ok")
 
+    @_whole
     def save_probe(self, space: SearchSpace, estimates: Estimates | None, baseline: Config) -> None:
         self.study.set_user_attr("space", dataclasses.asdict(space))
         self.study.set_user_attr("estimates", estimates.to_dict() if estimates else None)
@@ -184,9 +225,11 @@ class StudyLog:
 
     # -- trials ----------------------------------------------------------------------------------
 
+    @_whole
     def enqueue(self, config: Config) -> None:
         self.study.enqueue_trial(_params(config), skip_if_exists=True)
 
+    @_whole
     def ask(self, space: SearchSpace) -> Config:
         """The sampler's next setting (an enqueued one first); answer it with one of the
         ``tell``/``skip``/``duplicate`` calls."""
@@ -206,6 +249,7 @@ class StudyLog:
             raise RuntimeError("no open trial: call ask() first")
         return trial
 
+    @_whole
     def tell(self, result: TrialResult) -> None:
         """Record the measurement of the setting ``ask`` returned."""
         trial = self._close()
@@ -223,18 +267,21 @@ class StudyLog:
         else:
             self.study.tell(trial, result.epoch_samples_per_s)
 
+    @_whole
     def skip(self, reason: str) -> None:
         """The setting ``ask`` returned is not run (``reason``); recorded as pruned."""
         trial = self._close()
         trial.set_user_attr("skipped", reason)
         self.study.tell(trial, state=TrialState.PRUNED)
 
+    @_whole
     def duplicate(self, value: float) -> None:
         """The setting was measured already: its value again (the way Optuna's FAQ suggests)."""
         trial = self._close()
         trial.set_user_attr("duplicate", True)
         self.study.tell(trial, value)
 
+    @_whole
     def save(self) -> str | None:
         """Write a buffered study to its storage (replacing one of that name); None when done
         or nothing to do, else why it could not be written (the search's result stands)."""
@@ -250,6 +297,7 @@ class StudyLog:
             return f"the study could not be written to {self.storage}: {type(exc).__name__}: {exc}"
         return None
 
+    @_whole
     def abandon(self, reason: str) -> None:
         """Close an open trial as failed (Ctrl-C, the user's bug) so no trial stays RUNNING."""
         if self._open is not None:
@@ -270,6 +318,7 @@ class StudyLog:
             best=best,
         )
 
+    @_whole
     def record(self, space: SearchSpace, result: TrialResult) -> None:
         """Add a trial measured outside ask/tell (probe, confirmation), if it is in the space."""
         if space.rejects(result.config) is not None:

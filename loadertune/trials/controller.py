@@ -331,8 +331,7 @@ class TrialController:
         swap = hotswap.HotSwap(target.loader, self.conductor, fall_back=False)
         if epoch is not None and epoch.hand_over(swap.rest_of_epoch):
             self.swap = swap
-            if target.record.index not in self._swap_loaders:
-                self._swap_loaders.append(target.record.index)
+            self._swap_loaders.append(target.loaders[-1])  # the loader of the epoch taken over
 
     def _no_batches(self, why: str, record: LoaderRecord, loader: DataLoader[Any]) -> None:
         """The tuned loader yields nothing: report, then wait for the parent to end us."""
