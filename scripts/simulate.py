@@ -49,10 +49,12 @@ the main process ``B*S/8 GB/s`` of CPU). The main process receives each batch fr
 * Noise: per trial a log-normal factor (sigma drawn in 5..30% per workload, for a window of
   ``NOISE_REF_WINDOW_S``) and, with probability 3%, an outlier at 0.5x (a neighbour's burst); per
   sub-window a further log-normal factor. Half the trial's variance at the reference window is
-  slow (a neighbour's load, the clock: a longer window does not average it out) and half is fast
-  (bursts within the window: its variance falls as 1/window), so a shorter window is noisier:
-  ``sigma(W) = sigma * sqrt(0.5 + 0.5 * ref / W)``; the sub-windows' sigma grows likewise as they
-  shorten.
+  slow drift (a neighbour's load, the clock: a longer window does not average it out, and every
+  setting measured while it lasts shares it: an Ornstein-Uhlenbeck process over simulated time,
+  lasting 5..60 s per workload, :class:`Drift`) and half is fast (bursts within the window: its
+  variance falls as 1/window), so a shorter window is noisier:
+  ``sigma(W) = sigma * sqrt(0.5 + 0.5 * ref / W)`` in all; the sub-windows' sigma grows likewise
+  as they shorten.
 * Wall time of a trial: set-up + first batch + warm-up batches + the window (sub-windows of whole
   batches, at least 4 batches) + a re-entry (inline: every ``n > 0`` trial when ``N`` is known;
   script: with persistent workers) + teardown. Pruning (``should_stop``) is honoured at every
@@ -171,6 +173,7 @@ class Workload:
     baseline: Config
     hot_swap: bool = True  # the script's loader can change setting mid-epoch
     script_samples: float = math.inf  # samples the script gives before it ends
+    drift_tau_s: float = 20.0  # the slow half of the noise: how long the machine's load lasts
 
     @property
     def offered(self) -> tuple[int, ...]:
@@ -265,6 +268,7 @@ def draw_workload(seed: int, index: int) -> Workload:
         w,
         script_samples=epochs * (w.epoch_samples or _log_uniform(extra, 1e4, 1e6)),
         hot_swap=bool(extra.random() >= 0.2),
+        drift_tau_s=_log_uniform(extra, 5, 60),
     )
 
 
@@ -320,10 +324,26 @@ def steady_rate(w: Workload, bs: int, n: Any, pf: int | None, pin: bool) -> Any:
     )
 
 
-def _window_noise(window_s: float) -> float:
-    """How much a trial's sigma grows (or shrinks) at ``window_s`` against the reference window:
-    half the variance slow, half falling as 1/window (see the module docstring)."""
-    return math.sqrt(0.5 + 0.5 * NOISE_REF_WINDOW_S / window_s)
+def _fast_noise(window_s: float) -> float:
+    """The fast half of a trial's noise at ``window_s``, as a share of the workload's sigma: its
+    variance falls as 1/window (see the module docstring; the slow half is :class:`Drift`)."""
+    return math.sqrt(0.5 * NOISE_REF_WINDOW_S / window_s)
+
+
+class Drift:
+    """The slow half of the noise: the machine's load, which every setting measured at the same
+    time shares and which lasts ``tau`` seconds (an Ornstein-Uhlenbeck process in log-rate whose
+    stationary sigma is ``sigma``). Read at each trial's start, in simulated time."""
+
+    def __init__(self, sigma: float, tau: float, rng: np.random.Generator, now: float) -> None:
+        self.sigma, self.tau, self.rng, self.t = sigma, tau, rng, now
+        self.x = float(rng.normal(0.0, sigma))
+
+    def factor(self, now: float) -> float:
+        keep = math.exp(-max(0.0, now - self.t) / self.tau)
+        self.x = self.x * keep + self.sigma * math.sqrt(1 - keep**2) * float(self.rng.normal())
+        self.t = now
+        return math.exp(self.x)
 
 
 def startup(w: Workload, n: Any) -> Any:
@@ -374,9 +394,10 @@ def failure_kind(w: Workload, c: Config, mode: str) -> str | None:
 
 
 def recommendable(w: Workload, bs: int) -> bool:
-    """The batch leaves the GPU memory margin free (see ``GPU_MARGIN``)."""
+    """The batch leaves the GPU memory margin free (see ``GPU_MARGIN``), or it is the user's
+    own (the search measures it, margin or not, and may keep it)."""
     need = w.gpu_mem_fixed + w.gpu_mem_per_sample * bs
-    return not w.gpu or need <= (1 - GPU_MARGIN) * w.gpu_capacity
+    return not w.gpu or need <= (1 - GPU_MARGIN) * w.gpu_capacity or bs == w.baseline.batch_size
 
 
 @dataclass(frozen=True)
@@ -515,6 +536,7 @@ class SimRunner(BaseRunner):
         self.epoch_samples = w.epoch_samples if mode == "inline" else None
         self.bytes_per_sample: float | None = None
         self.trace: list[TraceLine] = []
+        self.drift = Drift(w.noise_sigma * math.sqrt(0.5), w.drift_tau_s, rng, clock.now)
 
     def close(self) -> None:
         pass
@@ -596,7 +618,8 @@ class SimRunner(BaseRunner):
             rate = bs / step_wall(w, bs, False)
         else:
             rate = float(steady_rate(w, bs, n, c.prefetch_factor, c.pin_memory))
-        rate *= self._noise(w.noise_sigma * _window_noise(window.window_s)) * (
+        rate *= self.drift.factor(self.clock.now + started)
+        rate *= self._noise(w.noise_sigma * _fast_noise(window.window_s)) * (
             OUTLIER_FACTOR if self.rng.random() < OUTLIER_P else 1.0
         )
         period = bs / rate  # seconds per batch in this trial

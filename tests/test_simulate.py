@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 import sys
 import time
 from pathlib import Path
@@ -86,6 +87,23 @@ def test_a_noiseless_trial_measures_the_model(sim) -> None:
             assert result.wall_s >= 1.0  # at least the window
     finally:
         sim.OUTLIER_P = saved
+
+
+def test_the_slow_drift_is_shared_by_trials_close_in_time_and_forgotten_after_its_time(
+    sim,
+) -> None:
+    """Half a trial's noise is the machine's drift: two settings measured a second apart see
+    nearly the same factor, two minutes apart independent ones, and its spread is what was asked."""
+    drift = sim.Drift(0.2, 10.0, np.random.default_rng(3), now=0.0)
+    close, far, t = [], [], 0.0
+    for _ in range(2000):
+        a = math.log(drift.factor(t))
+        close.append((a, math.log(drift.factor(t + 1.0))))
+        t += 120.0
+        far.append((a, math.log(drift.factor(t))))
+    corr = [float(np.corrcoef(np.array(pairs).T)[0, 1]) for pairs in (close, far)]
+    assert corr[0] > 0.85 and abs(corr[1]) < 0.1, corr
+    assert float(np.std([a for a, _ in far])) == pytest.approx(0.2, rel=0.1)
 
 
 def test_the_true_best_beats_every_setting_of_its_grid(sim) -> None:
