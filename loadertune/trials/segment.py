@@ -27,23 +27,11 @@ SEEN_BATCHES = 8  # per segment: the batches whose length is kept (they tell its
 
 
 def _loading_arguments(loader: DataLoader[Any]) -> dict[str, Any]:
-    """The keyword arguments that rebuild ``loader``'s loading, less what decides its batches."""
-    args: dict[str, Any] = {
-        "dataset": loader.dataset,
-        "num_workers": loader.num_workers,
-        "collate_fn": loader.collate_fn,
-        "pin_memory": loader.pin_memory,
-        "timeout": loader.timeout,
-        "worker_init_fn": loader.worker_init_fn,
-        "multiprocessing_context": loader.multiprocessing_context,
-        "generator": loader.generator,
-        "prefetch_factor": loader.prefetch_factor,
-        "persistent_workers": loader.persistent_workers,
-    }
-    if getattr(loader, "pin_memory_device", ""):
-        args["pin_memory_device"] = loader.pin_memory_device
-    if hasattr(loader, "in_order"):
-        args["in_order"] = loader.in_order
+    """The keyword arguments that rebuild ``loader``'s loading (:func:`~.loader.arguments_of`),
+    less what decides its batches: a segment's batch sampler does."""
+    args = dl.arguments_of(loader)
+    for name in ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"):
+        args.pop(name, None)
     return args
 
 
