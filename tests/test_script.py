@@ -226,7 +226,8 @@ def test_a_worker_killed_mid_sequence_is_recorded_and_the_rest_runs_in_a_fresh_p
 def test_a_runner_takes_its_state_back_only_for_the_script_as_it_was(tmp_path: Path) -> None:
     """What a resumed search restores instead of running the baseline again (issue 14): the
     loader the first trial found, by key, so the next trial needs no baseline first; a script
-    edited since may have moved that loader, and gets none of it."""
+    edited since may have moved that loader, and a module of its own it imports (the dataset
+    beside it) may have changed what a trial measures: neither gets any of it."""
     script = tmp_path / "train.py"
     script.write_text((SCRIPTS / "train_val.py").read_text())
     (tmp_path / "_data.py").write_text((SCRIPTS / "_data.py").read_text())
@@ -247,12 +248,24 @@ def test_a_runner_takes_its_state_back_only_for_the_script_as_it_was(tmp_path: P
         assert result.extra["loader"]["index"] == 2  # the loader the baseline found
     finally:
         again.close()
+
+    def restored() -> bool:
+        runner = ScriptRunner(script)
+        try:
+            taken = runner.restore(state)
+            assert taken == (runner.loader_info is not None)
+            return taken
+        finally:
+            runner.close()
+
+    data = tmp_path / "_data.py"
+    assert str(data.resolve()) in state["loader"]["sources"]
+    data.write_text(data.read_text() + "# edited\n")
+    assert not restored()
+    data.write_text(data.read_text().removesuffix("# edited\n"))
+    assert restored()  # as it was
     script.write_text(script.read_text() + "# edited\n")
-    edited = ScriptRunner(script)
-    try:
-        assert not edited.restore(state) and edited.loader_info is None
-    finally:
-        edited.close()
+    assert not restored()
 
 
 def test_a_batch_sampler_gets_each_batch_size_in_a_fresh_process() -> None:

@@ -121,7 +121,7 @@ class Opening:
     def _take_kept(self, log: StudyLog) -> None:
         """Take back the opening's trials an earlier run kept, when they describe this workload
         still: a baseline that measured the settings asked for, and a runner that takes its
-        state back (a script unchanged since)."""
+        state back (a script and its own modules unchanged since)."""
         kept, state = log.kept_opening()
         base = next((t for t in kept if t.phase == "baseline"), None)
         if base is None or not base.ok or self.known not in (None, base.config):
@@ -129,7 +129,8 @@ class Opening:
         if not self.runner.restore(state):
             if self.observer:
                 self.observer.note(
-                    "the script changed since the earlier run of the study: "
+                    "the script, or a module of its own that it imports, changed since the "
+                    "earlier run of the study: "
                     "the trials that run kept of its probe are measured again"
                 )
             return

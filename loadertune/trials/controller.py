@@ -25,7 +25,7 @@ from loadertune.trials import _torch_internals as _internals
 from loadertune.trials import hotswap, lifeline, messages
 from loadertune.trials import loader as dl
 from loadertune.trials.channel import Channel
-from loadertune.trials.identity import LoaderRecord, same_key
+from loadertune.trials.identity import LoaderRecord, same_key, user_sources
 from loadertune.trials.metered import HeldSink, Metered
 from loadertune.trials.patch import OriginalIter
 from loadertune.trials.sequence import ChannelConductor, result_message
@@ -228,6 +228,7 @@ class TrialController:
                 cuda_available=torch.cuda.is_available(),
                 warnings=self._sharding_warnings(loader),
                 one_setting_only=one_only,
+                sources=user_sources(),
             )
         )
 

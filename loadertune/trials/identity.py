@@ -76,6 +76,23 @@ def is_user_file(path: str) -> bool:
     return not real.startswith(_LIBRARY_DIRS) and not path.startswith(_LIBRARY_DIRS)
 
 
+def user_sources() -> list[str]:
+    """The files of the user's own Python modules imported so far (:func:`is_user_file`): with
+    the script, the code that decides what a trial measures (a dataset class in a module beside
+    it, say)."""
+    files = set()
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if (
+            isinstance(path, str)
+            and path.endswith(".py")
+            and os.path.isabs(path)
+            and is_user_file(path)
+        ):
+            files.add(os.path.realpath(path))
+    return sorted(files)
+
+
 def _display(path: str) -> str:
     return os.path.relpath(path) if os.path.isabs(path) else path
 

@@ -58,6 +58,7 @@ class LoaderMsg(TypedDict):
     cuda_available: bool
     warnings: list[str]
     one_setting_only: str | None  # why this loader cannot change setting mid-epoch; None: it can
+    sources: list[str]  # the user's own modules imported by then (identity.user_sources)
 
 
 class ResultMsg(TypedDict):

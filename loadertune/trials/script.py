@@ -283,10 +283,12 @@ class ScriptRunner(BaseRunner):
     def state(self) -> dict[str, Any]:
         """See :meth:`~loadertune.trials.TrialRunner.state`: the loader the first trial found
         (by its key, so a resumed search names it without a baseline first), and the script's
-        digest, as the key is only good for the script as it was."""
+        digest and its own modules' (those it had imported when the loader was found), as the
+        key is only good for the code as it was."""
         return {
             **super().state(),
             "script_sha1": _digest(self.script),
+            "sources_sha1": _digest_all(self._sources()),
             "loader": self.loader_info,
             "epoch_samples": self.epoch_samples,
             "loader_recreated": self.loader_recreated,
@@ -297,12 +299,20 @@ class ScriptRunner(BaseRunner):
         """See :meth:`~loadertune.trials.TrialRunner.restore`."""
         if not state.get("loader") or state.get("script_sha1") != _digest(self.script):
             return False
+        if state.get("sources_sha1") != _digest_all(self._sources(state["loader"])):
+            return False  # a module of the user's changed (or the state is from before sources)
         super().restore(state)
         self._learn_loader(state["loader"])
         self.epoch_samples = state.get("epoch_samples")
         self.loader_recreated = bool(state.get("loader_recreated"))
         self._check_lengths = bool(state.get("check_lengths"))
         return True
+
+    def _sources(self, loader: Mapping[str, Any] | None = None) -> list[str]:
+        """The script and the user's modules it had imported when its loader was found (as
+        ``loader``, the first trial's LoaderMsg, says)."""
+        sources = (loader or self.loader_info or {}).get("sources") or []
+        return sorted({os.path.realpath(self.script), *sources})
 
     def _on_result(self, msg: messages.ResultMsg, trial: Trial) -> bool:
         result = trial.result
@@ -363,3 +373,14 @@ def _digest(path: str) -> str | None:
         return hashlib.sha1(Path(path).read_bytes()).hexdigest()
     except OSError:
         return None
+
+
+def _digest_all(paths: list[str]) -> str | None:
+    """One digest of the files' names and contents (None if one cannot be read)."""
+    h = hashlib.sha1()
+    for path in paths:
+        digest = _digest(path)
+        if digest is None:
+            return None
+        h.update(f"{path}\0{digest}\0".encode())
+    return h.hexdigest()
