@@ -100,6 +100,7 @@ class ScriptRunner(BaseRunner):
         self.epoch_samples: int | None = None
         self.bytes_per_sample: float | None = None
         self.loader_info: dict[str, Any] | None = None
+        self._code_sha1: str | None = None  # the script's and its modules' (see state)
         self.batch_size_fixed: str | None = None  # why the batch size cannot be searched
         self.loader_recreated = False
         self._check_lengths = False  # batch lengths tell the batch size (see trials.applied)
@@ -267,6 +268,7 @@ class ScriptRunner(BaseRunner):
     def _learn_loader(self, msg: Mapping[str, Any]) -> dict[str, Any]:
         """The loader to tune, as the first trial found it."""
         info = self.loader_info = dict(msg)
+        self._code_sha1 = _digest_all(self._sources(msg))  # the code as it was measured
         self.uses_cuda = msg["cuda_available"]
         self.batch_size_fixed = msg["batch_size_fixed"]
         self.target_note = "tuning " + target_line(
@@ -283,12 +285,11 @@ class ScriptRunner(BaseRunner):
     def state(self) -> dict[str, Any]:
         """See :meth:`~loadertune.trials.TrialRunner.state`: the loader the first trial found
         (by its key, so a resumed search names it without a baseline first), and the script's
-        digest and its own modules' (those it had imported when the loader was found), as the
+        digest with its own modules' (those it had imported when the loader was found), as the
         key is only good for the code as it was."""
         return {
             **super().state(),
-            "script_sha1": _digest(self.script),
-            "sources_sha1": _digest_all(self._sources()),
+            "code_sha1": self._code_sha1,
             "loader": self.loader_info,
             "epoch_samples": self.epoch_samples,
             "loader_recreated": self.loader_recreated,
@@ -297,10 +298,9 @@ class ScriptRunner(BaseRunner):
 
     def restore(self, state: Mapping[str, Any]) -> bool:
         """See :meth:`~loadertune.trials.TrialRunner.restore`."""
-        if not state.get("loader") or state.get("script_sha1") != _digest(self.script):
-            return False
-        if state.get("sources_sha1") != _digest_all(self._sources(state["loader"])):
-            return False  # a module of the user's changed (or the state is from before sources)
+        loader = state.get("loader")
+        if not loader or state.get("code_sha1") != _digest_all(self._sources(loader)):
+            return False  # the script or a module of its own changed (or an older state)
         super().restore(state)
         self._learn_loader(state["loader"])
         self.epoch_samples = state.get("epoch_samples")
@@ -308,10 +308,10 @@ class ScriptRunner(BaseRunner):
         self._check_lengths = bool(state.get("check_lengths"))
         return True
 
-    def _sources(self, loader: Mapping[str, Any] | None = None) -> list[str]:
+    def _sources(self, loader: Mapping[str, Any]) -> list[str]:
         """The script and the user's modules it had imported when its loader was found (as
         ``loader``, the first trial's LoaderMsg, says)."""
-        sources = (loader or self.loader_info or {}).get("sources") or []
+        sources = loader.get("sources") or []
         return sorted({os.path.realpath(self.script), *sources})
 
     def _on_result(self, msg: messages.ResultMsg, trial: Trial) -> bool:

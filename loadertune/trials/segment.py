@@ -30,7 +30,7 @@ def _loading_arguments(loader: DataLoader[Any]) -> dict[str, Any]:
     """The keyword arguments that rebuild ``loader``'s loading (:func:`~.loader.arguments_of`),
     less what decides its batches: a segment's batch sampler does."""
     args = dl.arguments_of(loader)
-    for name in ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"):
+    for name in ("batch_size", "sampler", "batch_sampler", "drop_last"):
         args.pop(name, None)
     return args
 
