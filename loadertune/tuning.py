@@ -106,6 +106,7 @@ class Tuner:
                 self.untuned = True
                 self.report(f"loadertune: not tuning this DataLoader during the run: {why}")
             else:
+                self._keep_steps_per_epoch(loader)
                 self.swap = HotSwap(loader, self.conductor, fall_back=True)
                 self.conductor.attach(self.swap)
                 self._thread = threading.Thread(
@@ -115,6 +116,24 @@ class Tuner:
         if self.swap is None:
             return original(loader) if original is not None else iter(loader)
         return self.swap.epoch()
+
+    def _keep_steps_per_epoch(self, loader: DataLoader[Any]) -> None:
+        """A script that asked ``len(loader)`` before its loop may have sized a schedule by it
+        (a ``OneCycleLR`` raises at the step past its last): every sample is kept in a real run,
+        so a smaller batch size would give its epochs more steps than it said. Only batch sizes
+        from the loop's own up are tried then."""
+        from loadertune.trials.patch import length_asked
+
+        own = loader.batch_size
+        smaller = [b for b in self.batch_sizes if own is not None and b < own]
+        if not smaller or not length_asked(loader):
+            return
+        self.batch_sizes = tuple(b for b in self.batch_sizes if b not in smaller)
+        self.report(
+            f"loadertune: the script asked the loader's length (a schedule sized by it?): "
+            f"batch sizes below its own {own} would give its epochs more steps, so "
+            f"{', '.join(map(str, smaller))} {'is' if len(smaller) == 1 else 'are'} not tried"
+        )
 
     def _search(self) -> None:
         """The search, in its own thread; the winner goes to the loop and to the file."""

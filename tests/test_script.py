@@ -205,6 +205,65 @@ def test_the_next_settings_take_over_the_first_epoch_right_after_the_scripts_own
     assert set(first["lengths"][:at]) == {16}
 
 
+def test_a_script_that_sized_a_schedule_by_its_loader_never_gets_more_batches_per_epoch(
+    tmp_path: Path,
+) -> None:
+    """one_cycle.py sizes a OneCycleLR by ``epochs * len(loader)`` (30 batches of 16): a smaller
+    batch size, or the replay's one batch handed over again and again, must not give an epoch
+    more batches, or the scheduler raises at the step past its last. Before, the replay ended
+    the search with "fix the script" (the scheduler's ValueError)."""
+    out = tmp_path / "epochs.jsonl"
+    runner = ScriptRunner(SCRIPTS / "one_cycle.py", [str(out), "200"])
+    limits = Limits(timeout_s=60, startup_s=30, hang_s=5)
+    trials = [
+        (None, "baseline"),
+        (Config(16), "replay"),
+        (Config(4), "search"),
+        (Config(4, 2, 2), "search"),
+        (Config(8, 1, 2, persistent_workers=True), "search"),
+        (Config(64, 1, 2), "search"),
+    ]
+    try:
+        results = [
+            runner.run(c, window=window_for(c or Config(16), window_s=0.3), limits=limits, phase=p)
+            for c, p in trials
+        ]
+        launches = runner.n_launches
+    finally:
+        runner.close()
+    assert all(r.ok for r in results), [r.failure for r in results]
+    assert launches == 1
+    epochs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(epochs) >= 3
+    assert all(e["batches"] <= 30 for e in epochs), [e["batches"] for e in epochs]
+    # at batch size 4 an epoch holds 120 batches: it ended after 30
+    assert any(len(e["samples"]) < 480 for e in epochs), "no epoch ran at a smaller batch size"
+
+
+def test_a_window_the_scripts_end_cut_short_is_measured_again_in_a_fresh_launch(
+    tmp_path: Path,
+) -> None:
+    """counts.py runs 4 epochs of 600 samples: settings measured one after the other in its
+    launch run it out mid-window. Such a window (the workers' first batches, a burst) is not
+    the setting's figure: the setting runs again in a fresh launch, whose window is full."""
+    runner = ScriptRunner(SCRIPTS / "counts.py", [str(tmp_path / "c.jsonl"), "4"])
+    limits = Limits(timeout_s=60, startup_s=30, hang_s=5)
+    configs = [None, *[Config(16, w, 2) for w in (1, 2, 3, 1, 2, 3, 1, 2, 3)]]
+    try:
+        results = [
+            runner.run(c, window=window_for(c or Config(16), window_s=0.3), limits=limits)
+            for c in configs
+        ]
+        launches = runner.n_launches
+    finally:
+        runner.close()
+    assert all(r.ok for r in results), [r.failure for r in results]
+    assert launches >= 2, "the script never ran out: the test tests nothing"
+    # (a fresh launch holds several windows: only a launch that ran others before runs out)
+    partial = [i for i, r in enumerate(results) if not r.measurement.complete]  # type: ignore[union-attr]
+    assert not partial, partial
+
+
 def test_a_worker_killed_mid_sequence_is_recorded_and_the_rest_runs_in_a_fresh_process() -> None:
     runner = ScriptRunner(SCRIPTS / "killer.py")  # kills a worker of a 3-worker loader
     limits = Limits(timeout_s=60, startup_s=30, hang_s=5)

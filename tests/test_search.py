@@ -536,6 +536,56 @@ def test_fresh_start_forgets_the_study(tmp_path, hw) -> None:
     assert outcome.n_previous_trials == 0 and runner.log[0][0] == "baseline"
 
 
+def test_training_code_failing_at_another_batch_size_rules_that_size_out(tmp_path, hw) -> None:
+    """A step that assumes its own batch size (a ``view(32, -1)``) raises at any other: that is
+    the batch size's failure, not the user's bug; the search leaves the size out and goes on.
+    The same error at the user's own batch size still stops the search."""
+
+    def step_fails(config: Config) -> Failure | None:
+        if config.batch_size == 32:
+            return None
+        return Failure(
+            "step_error",
+            "the training step raised: RuntimeError: shape '[32, -1]'",
+            "fix the step",
+            user_bug=True,
+            detail="Traceback...",
+        )
+
+    runner = FakeRunner(io_landscape, fail=step_fails)
+    outcome = Search(
+        runner,
+        hardware=hw,
+        baseline=Config(32),
+        batch_sizes=[16, 32, 64],
+        settings=settings(tmp_path, budget_s=10),
+    ).run()
+    assert outcome.winner.batch_size == 32
+    rejected = [t for t in outcome.trials if t.error == "batch_size_rejected"]
+    assert {t.config.batch_size for t in rejected} <= {16, 64} and rejected
+    assert all(not t.failure.user_bug and "its own is 32" in t.failure.message for t in rejected)
+    # each rejected batch size ran once, whatever its loading settings
+    assert len(rejected) == len({t.config.batch_size for t in rejected})
+
+    def every_size_fails(config: Config) -> Failure | None:
+        return Failure(
+            "step_error",
+            "the training step raised: KeyError",
+            "fix the step",
+            user_bug=True,
+            detail="Traceback...",
+        )
+
+    with pytest.raises(UserCodeError, match="KeyError"):
+        Search(
+            FakeRunner(io_landscape, fail=every_size_fails),
+            hardware=hw,
+            baseline=Config(32),
+            batch_sizes=[16, 32, 64],
+            settings=settings(tmp_path, budget_s=10, study_name="other"),
+        ).run()
+
+
 def test_batch_size_candidates_are_searched(tmp_path, hw) -> None:
     def rate(config: Config) -> float:  # bigger batches amortise a per-batch cost
         return io_landscape(config) * (config.batch_size / 128) ** 0.3
@@ -681,6 +731,8 @@ def test_a_failed_setting_is_never_run_again(tmp_path, hw) -> None:
         (Config(16, 8, 2), Config(32, 4, 2), "timeout", False),
         (Config(32, 0), Config(32, 0), "timeout", True),
         (Config(32, 1), Config(32, 0), "timeout", False),
+        (Config(16, 4, 2), Config(16, 0), "batch_size_rejected", True),
+        (Config(32, 0), Config(16, 0), "batch_size_rejected", False),
     ],
 )
 def test_what_a_failure_rules_out(config: Config, failed: Config, kind: str, expected: bool):

@@ -141,3 +141,26 @@ def test_run_tune_completes_every_epoch_and_the_next_run_uses_the_winner(tmp_pat
         timeout=300,
     )
     assert again.returncode == 0 and "DataLoader #1 at" in again.stderr, again.stderr[-2000:]
+
+
+def test_run_tune_tries_no_batch_size_that_would_overrun_a_schedule_sized_by_the_loader(
+    tmp_path: Path,
+) -> None:
+    """one_cycle.py sizes a OneCycleLR by ``epochs * len(loader)`` at its batch size of 16. A real
+    run keeps every sample, so batch size 4 would give an epoch 120 steps and the scheduler
+    would raise; the run leaves it out (and says so) and goes to its end."""
+    out = tmp_path / "epochs.jsonl"
+    tune = ["run", "--tune", "--budget", "4", "--batch-sizes", "4,16,32"]
+    script = [str(SCRIPTS / "one_cycle.py"), "--", str(out), "40"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "loadertune", *tune, "--file", str(tmp_path / "rec.json"), *script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "below its own 16" in proc.stderr and "4 is not tried" in proc.stderr, proc.stderr
+    epochs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(epochs) == 40
+    assert all(sorted(e["samples"]) == list(range(480)) for e in epochs)  # every sample, once
+    assert all(e["batches"] <= 30 for e in epochs)

@@ -48,6 +48,8 @@ class FailureKind(str, Enum):
     NO_LOADER = "no_loader"
     SCRIPT_ENDED = "script_ended"
     NOT_APPLIED = "not_applied"  # the loader ran with other settings than the trial's
+    # The user's step or script raised while it received a batch size the search chose
+    BATCH_SIZE_REJECTED = "batch_size_rejected"
 
     def __str__(self) -> str:
         return self.value
@@ -245,6 +247,24 @@ def classify_text(text: str, *, where: str, detail: str = "", num_workers: int =
         f"fix the {where}; the traceback is below",
         user_bug=True,
         detail=detail or text,
+    )
+
+
+def at_another_batch_size(failure: Failure, batch_size: int, own: int) -> Failure:
+    """``failure`` seen in a trial of ``batch_size`` when the user's own is ``own``: the user's
+    step or script raising there is that batch size's failure, not a bug of theirs. Code may
+    assume its own batch size (a ``view(64, -1)``, a statistic over a fixed batch, a schedule
+    sized by the loader's length), which is no reason to stop the search; the search leaves the
+    batch size out and goes on. The same error at the user's own batch size is their bug."""
+    code = {FailureKind.STEP_ERROR, FailureKind.SCRIPT_ERROR}
+    if batch_size == own or failure.kind not in code or not failure.user_bug:
+        return failure
+    return Failure(
+        FailureKind.BATCH_SIZE_REJECTED,
+        f"{failure.message} (with batch size {batch_size}; its own is {own})",
+        f"the training code fails with batch size {batch_size} (does it assume {own}?): "
+        "the search leaves that batch size out; see the traceback",
+        detail=failure.detail,
     )
 
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from loadertune.config import Config
 from loadertune.errors import LoadertuneError, UserCodeError
 from loadertune.hardware import Hardware
+from loadertune.measure import failures
 from loadertune.measure.resources import tree_pss
 from loadertune.measure.window import WindowSpec
 from loadertune.search import plan
@@ -144,6 +145,10 @@ class Search:
             self.observer.trial_started(*planned[0])
 
         def learn(result: TrialResult) -> bool:
+            if result.failure is not None and self.opening.known is not None:
+                result.failure = failures.at_another_batch_size(
+                    result.failure, result.config.batch_size, self.baseline.batch_size
+                )
             self.ledger.add(result)
             if self.observer:
                 self.observer.trial_finished(result, self.ledger.best)

@@ -23,6 +23,8 @@ def dominated(config: Config, failed: Config, kind: str) -> bool:
         return config.num_workers > 0
     if config == failed:  # the same setting fails the same way: never run it twice
         return True
+    if kind == "batch_size_rejected":  # the user's code fails at this batch size, any loading
+        return config.batch_size == failed.batch_size
     if kind == "oom":  # GPU memory grows with the batch, not the workers
         return config.batch_size >= failed.batch_size and config.pin_memory == failed.pin_memory
     if kind == "timeout" and failed.num_workers:  # too slow to start or to deliver: more

@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 
 from loadertune.config import Config
+from loadertune.measure.failures import FailureKind
 from loadertune.search import plan
 from loadertune.search.frontier import Frontier
 from loadertune.search.study import Previous
@@ -34,9 +35,12 @@ class Ledger:
         self._min_gain = min_gain
 
     def add(self, result: TrialResult) -> None:
-        """Record one trial; all but the replay (which skips loading) teach something."""
+        """Record one trial; all but the replay (which skips loading) teach something, but for
+        the user's code failing at the replay's batch size, loading or not."""
         self.trials.append(result)
         if result.phase == "replay":
+            if result.error == FailureKind.BATCH_SIZE_REJECTED:
+                self.frontier.learn(result)
             return
         self.n_run += result.phase != "confirm"
         self.n_explored += result.phase == "search"

@@ -128,7 +128,7 @@ class TrialController:
             # taken over (_swap_now): segments load from this epoch on
             assert self.target is not None  # (its persistent workers go)
             _internals.shut_down(_internals.live_iterator(self.target.loader))
-            self.swap = hotswap.HotSwap(loader, self.conductor, fall_back=False)
+            self.swap = hotswap.HotSwap(loader, self.conductor, fall_back=False, keep_length=True)
         if self.swap is not None:
             return self._swap_epoch(loader, record)
         if self.target is None:
@@ -255,7 +255,7 @@ class TrialController:
             make_sink=lambda: ChannelSink(self.chan),
         )
         if not found:
-            self.swap = hotswap.HotSwap(loader, self.conductor, fall_back=False)
+            self.swap = hotswap.HotSwap(loader, self.conductor, fall_back=False, keep_length=True)
         return None
 
     def active(self) -> tuple[Meter | None, Any, int]:
@@ -329,7 +329,7 @@ class TrialController:
         target = self.target
         assert target is not None and self.conductor is not None
         epoch = target.current
-        swap = hotswap.HotSwap(target.loader, self.conductor, fall_back=False)
+        swap = hotswap.HotSwap(target.loader, self.conductor, fall_back=False, keep_length=True)
         if epoch is not None and epoch.hand_over(swap.rest_of_epoch):
             self.swap = swap
             self._swap_loaders.append(target.loaders[-1])  # the loader of the epoch taken over

@@ -22,6 +22,15 @@ position moves by whole batches); at another, the rest of the epoch is regrouped
 With ``drop_last``, the short tail dropped at the end of an epoch is that of the setting in use
 then.
 
+**A script that asked its loader's length gets no more batches per epoch** (in a trial process:
+``keep_length``). A smaller batch size, or the replay's one batch handed over again and again,
+would give an epoch more batches than ``len(loader)`` said, and a script may count on it: a
+``OneCycleLR`` sized by ``epochs * len(loader)`` raises at the step past its last. Once anything
+has asked the length (:func:`~loadertune.trials.patch.length_asked`), an epoch ends after that many
+batches, and the rest of its samples are left out: a trial measures the loop, not the training,
+and every later epoch starts whole. A real training run (``keep_length=False``) keeps every sample
+instead: there a smaller batch size the user allowed gives more steps per epoch.
+
 **What differs from iterating one loader:** each segment's iterator draws its workers' base seed
 from the loader's generator (torch's global one by default), as a new epoch does: one more draw
 per setting. Worker-side randomness (augmentation) therefore differs from an untuned run, as it
@@ -58,6 +67,7 @@ from loadertune.measure.counting import structure_counter
 from loadertune.measure.meter import Measurement, Meter, Sink, WindowSpec
 from loadertune.trials import _torch_internals as _internals
 from loadertune.trials import loader as dl
+from loadertune.trials.patch import length_asked
 from loadertune.trials.segment import EpochOrder, Segment
 
 
@@ -141,7 +151,7 @@ class _Run:
         self.segment.order = order
         source: Iterable[Any] = self.segment
         if self.replayed is not None:
-            source = dl.Repeat(self.replayed)
+            source = order.counted(iter(dl.Repeat(self.replayed)))
         self.it = self.meter.wrap(source) if self.meter is not None else iter(source)
 
 
@@ -154,15 +164,26 @@ class HotSwap:
         fall_back: when a measured setting's loader raises, report it and go on with the last
             setting that worked (a real training run); False: let it raise (a trial process,
             which the search then replaces).
+        keep_length: an epoch gives at most ``len(loader)`` batches once anything has asked it
+            (a trial process; see the module docstring); False: every sample of every epoch.
     """
 
-    def __init__(self, loader: DataLoader[Any], conductor: Conductor, *, fall_back: bool) -> None:
+    def __init__(
+        self,
+        loader: DataLoader[Any],
+        conductor: Conductor,
+        *,
+        fall_back: bool,
+        keep_length: bool = False,
+    ) -> None:
         why = why_not(loader)
         if why is not None:
             raise ValueError(f"this loader cannot change setting mid-epoch: {why}")
         self.loader = loader
         self.conductor = conductor
         self.fall_back = fall_back
+        self.keep_length = keep_length
+        self._length: tuple[DataLoader[Any], int | None] | None = None  # len(loader), once asked
         self.regroup = loader.batch_size is not None
         self.current: _Run | None = None
         self.good: Config | None = None  # the last setting that ran without failing
@@ -174,16 +195,26 @@ class HotSwap:
     def epoch(self) -> Iterator[Any]:
         """What ``iter(loader)`` returns: one epoch's batches, whatever setting is in use."""
         source = self.loader.sampler if self.regroup else self.loader.batch_sampler
-        return self._enter(EpochOrder(source))  # type: ignore[arg-type]
+        return self._enter(EpochOrder(source, limit=self._limit))  # type: ignore[arg-type]
 
-    def rest_of_epoch(self, batches: Iterator[Any]) -> Iterator[Any]:
-        """The rest of an epoch the script's own loader began: ``batches``, the batches its batch
-        sampler has not given yet (:func:`~loadertune.trials._torch_internals.take_rest`). At
-        another batch size they are regrouped as one stream of samples; with ``drop_last`` the
-        script's batch sampler has dropped its short tail already, and each setting then drops
-        its own."""
+    def rest_of_epoch(self, batches: Iterator[Any], given: int) -> Iterator[Any]:
+        """The rest of an epoch the script's own loader began and gave ``given`` batches of:
+        ``batches``, those its batch sampler has not given yet
+        (:func:`~loadertune.trials._torch_internals.take_rest`). At another batch size they are
+        regrouped as one stream of samples; with ``drop_last`` the script's batch sampler has
+        dropped its short tail already, and each setting then drops its own."""
         units = itertools.chain.from_iterable(batches) if self.regroup else batches
-        return self._enter(EpochOrder(units))
+        return self._enter(EpochOrder(units, limit=self._limit, given=given))
+
+    def _limit(self) -> int | None:
+        """The batches an epoch may give the script (see the module docstring), or None."""
+        loader = self.loader  # (a loader created again replaces it)
+        if self._length is not None and self._length[0] is loader:
+            return self._length[1]
+        if not self.keep_length or not length_asked(loader):
+            return None
+        self._length = (loader, dl.batches_per_epoch(loader))
+        return self._length[1]
 
     def _enter(self, order: EpochOrder) -> Iterator[Any]:
         self._order = order

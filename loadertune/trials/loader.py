@@ -216,13 +216,25 @@ def settings_of(loader: DataLoader[Any]) -> Config:
 
 
 class Repeat:
-    """An endless epoch of one cached batch: the step's rate with loading taken away (replay)."""
+    """An epoch of one cached batch, endless or ``times`` long: the step's rate with loading
+    taken away (replay)."""
 
-    def __init__(self, batch: Any) -> None:
-        self._batch = batch
+    def __init__(self, batch: Any, times: int | None = None) -> None:
+        self._batch, self._times = batch, times
 
     def __iter__(self) -> Iterator[Any]:
-        return itertools.repeat(self._batch)
+        if self._times is None:
+            return itertools.repeat(self._batch)
+        return itertools.repeat(self._batch, self._times)
+
+
+def batches_per_epoch(loader: DataLoader[Any]) -> int | None:
+    """``len(loader)`` of a map-style loader, as DataLoader's own ``__len__`` counts it (without
+    the patch noting that it was asked), or None when its batch sampler has no length."""
+    try:
+        return len(loader.batch_sampler)  # type: ignore[arg-type]
+    except TypeError:
+        return None
 
 
 UNSHARDED_WARNING = (

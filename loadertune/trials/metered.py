@@ -23,7 +23,7 @@ from loadertune.measure.meter import Measurement, Meter, Sink
 from loadertune.trials import _torch_internals as _internals
 from loadertune.trials import loader as dl
 from loadertune.trials.identity import LoaderRecord
-from loadertune.trials.patch import OriginalIter
+from loadertune.trials.patch import OriginalIter, length_asked
 from loadertune.trials.runner import window_for
 
 SEEN_BATCHES = 8  # per epoch: the batches whose length is checked
@@ -144,8 +144,11 @@ class Metered:
         return self.current
 
     def replay(self, batch: Any) -> Iterator[Any]:
-        """An endless epoch of one cached batch, metered (the step's rate without loading)."""
-        return MeteredEpoch(self, self.meter.wrap(dl.Repeat(batch)))
+        """An epoch of one cached batch, metered (the step's rate without loading): endless, or
+        as many batches as the loader's length once the script has asked it (a schedule sized
+        by it must not step past its end: see :mod:`loadertune.trials.hotswap`)."""
+        times = dl.batches_per_epoch(self.loader) if length_asked(self.loader) else None
+        return MeteredEpoch(self, self.meter.wrap(dl.Repeat(batch, times)))
 
     def saw(self, batch: Any) -> None:
         self.lengths.add(structure_count(batch))
@@ -170,7 +173,7 @@ class MeteredEpoch:
     (the window is full, or the loader was dropped as a candidate) so the loop goes on; or, once
     :meth:`hand_over` has taken the rest of the epoch, from what it was handed to."""
 
-    __slots__ = ("_meter", "_metered", "_n", "_raw", "_then", "_wrapped")
+    __slots__ = ("_given", "_meter", "_metered", "_n", "_raw", "_rest", "_then", "_wrapped")
 
     def __init__(self, metered: Metered, meter: Meter) -> None:
         self._metered = metered
@@ -178,17 +181,19 @@ class MeteredEpoch:
         self._wrapped = meter  # the meter this epoch went through last
         self._raw = meter.iterator
         self._n = 0
-        self._then: Iterator[Any] | None = None
+        self._given = 0  # batches this epoch has given the script
+        self._rest: Iterator[Any] | None = None
+        self._then: Callable[[Iterator[Any], int], Iterator[Any]] | None = None
 
-    def hand_over(self, then: Callable[[Iterator[Any]], Iterator[Any]]) -> bool:
-        """Take the batches of this epoch the loader has not asked for yet and pass them to
-        ``then``, whose iterator gives the rest of the epoch once the loader has handed over
-        what it has in flight (its workers are then shut down). False: the loader's iterator
-        cannot give them up (its epoch runs to its end)."""
+    def hand_over(self, then: Callable[[Iterator[Any], int], Iterator[Any]]) -> bool:
+        """Take the batches of this epoch the loader has not asked for yet; once the loader has
+        handed over what it has in flight (its workers are then shut down), ``then(rest,
+        given)`` gives the rest of the epoch (``given``: the batches it gave). False: the
+        loader's iterator cannot give them up (its epoch runs to its end)."""
         rest = _internals.take_rest(self._raw)
         if rest is None:
             return False
-        self._then = then(rest)
+        self._rest, self._then = rest, then
         return True
 
     def __iter__(self) -> MeteredEpoch:
@@ -214,6 +219,7 @@ class MeteredEpoch:
         on_batch = self._metered.on_batch
         if on_batch is not None:
             on_batch(self._metered.key)
+        self._given += 1
         return batch
 
     def _next_raw(self) -> Any:
@@ -221,8 +227,9 @@ class MeteredEpoch:
             return next(self._raw)  # type: ignore[arg-type]
         except StopIteration:
             then, self._then = self._then, None
-            if then is None:
+            if then is None or self._rest is None:
                 raise
         _internals.shut_down(self._raw)  # the loader's own workers (persistent ones would idle)
-        self._raw, self._n = then, SEEN_BATCHES  # (the lengths seen are the loader's own)
-        return next(then)
+        self._raw = then(self._rest, self._given)
+        self._n = SEEN_BATCHES  # (the lengths seen are the loader's own)
+        return next(self._raw)

@@ -33,7 +33,14 @@ from loadertune.trials.identity import (
     matches_site,
 )
 
-__all__ = ["Controller", "LoaderRecord", "OriginalIter", "matches_site", "patched"]
+__all__ = [
+    "Controller",
+    "LoaderRecord",
+    "OriginalIter",
+    "length_asked",
+    "matches_site",
+    "patched",
+]
 
 # DataLoader's own __iter__, which a controller calls to iterate a loader for real
 OriginalIter = Callable[[DataLoader[Any]], Iterator[Any]]
@@ -50,12 +57,22 @@ class Controller(Protocol):
 
 
 _SIGNATURE = inspect.signature(DataLoader.__init__)
+# set on a patched loader once anything asks its length (a schedule sized by it, a progress bar)
+LENGTH_ASKED = "_loadertune_length_asked"
+
+
+def length_asked(loader: DataLoader[Any]) -> bool:
+    """Whether anything asked ``len(loader)`` (or ``len()`` of one of its epochs) while patched:
+    then the script may count on an epoch having that many batches (a ``OneCycleLR`` sized by
+    ``epochs * len(loader)`` raises at the step past its last)."""
+    return bool(loader.__dict__.get(LENGTH_ASKED))
 
 
 @contextlib.contextmanager
 def patched(controller: Controller) -> Iterator[None]:
-    """Route every DataLoader's construction and iteration through ``controller``; undo after."""
-    orig_init, orig_iter = DataLoader.__init__, DataLoader.__iter__
+    """Route every DataLoader's construction and iteration through ``controller``, and note
+    which loaders were asked their length (:func:`length_asked`); undo after."""
+    orig_init, orig_iter, orig_len = DataLoader.__init__, DataLoader.__iter__, DataLoader.__len__
     numbers = itertools.count(1)
     siblings = Siblings()  # loaders created together at one line are distinct loaders
 
@@ -80,10 +97,18 @@ def patched(controller: Controller) -> Iterator[None]:
         siblings.iterated(record)
         return controller.on_iter(self, record, orig_iter)
 
+    @functools.wraps(orig_len)
+    def __len__(self: DataLoader[Any]) -> int:
+        if RECORD_ATTRIBUTE in self.__dict__:
+            self.__dict__[LENGTH_ASKED] = True
+        return orig_len(self)
+
     DataLoader.__init__ = __init__  # type: ignore[method-assign]
     DataLoader.__iter__ = __iter__  # type: ignore[method-assign,assignment]
+    DataLoader.__len__ = __len__  # type: ignore[method-assign]
     try:
         yield
     finally:
         DataLoader.__init__ = orig_init  # type: ignore[method-assign]
         DataLoader.__iter__ = orig_iter  # type: ignore[method-assign]
+        DataLoader.__len__ = orig_len  # type: ignore[method-assign]

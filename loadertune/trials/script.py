@@ -147,10 +147,15 @@ class ScriptRunner(BaseRunner):
         finally:
             if not (trial.reusable and launch.swaps):
                 result.orphans_killed = self._end_launch()
+        m = result.measurement
+        cut_short = m is not None and not m.complete and not m.stopped_early  # (not pruned)
+        ended = result.failure is not None and result.failure.kind == FailureKind.SCRIPT_ENDED
+        if not fresh and (ended or (cut_short and result.failure is None)):
+            # The script ran out of epochs before this setting's window was full (it ran others
+            # before in this launch): not its fault, and a few batches right after the workers
+            # started, as many as the buffer held, would measure a burst, not the rate.
+            return self._trial(config, request)
         if result.failure is not None:
-            if not fresh and result.failure.kind == FailureKind.SCRIPT_ENDED:
-                # The script ran out of epochs before this setting had a batch: not its fault.
-                return self._trial(config, request)
             result.failure = sup.explain(result.failure, output=tail(launch.log))
             result.resources = result.resources or sup.usage_so_far()
         return result

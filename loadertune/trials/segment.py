@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import collections
 import inspect
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from torch.utils.data import DataLoader
@@ -47,9 +47,19 @@ def _plain_loader(kwargs: dict[str, Any]) -> DataLoader[Any]:
 class EpochOrder:
     """One epoch's units in the order the script's sampler gives them, and how many of them the
     script has received (``position``). A unit is a sample index, or a whole batch of a custom
-    batch sampler. Units are taken from the sampler when first needed, once."""
+    batch sampler. Units are taken from the sampler when first needed, once.
 
-    def __init__(self, source: Iterable[Any]) -> None:
+    Also how many batches the script has received in this epoch (``given``), and how many it may
+    (``limit()``: None, no limit): an epoch ends there even if units are left (see
+    :mod:`loadertune.trials.hotswap` on a script's length)."""
+
+    def __init__(
+        self,
+        source: Iterable[Any],
+        *,
+        limit: Callable[[], int | None] | None = None,
+        given: int = 0,
+    ) -> None:
         try:
             self.length: int | None = len(source)  # type: ignore[arg-type]
         except TypeError:
@@ -59,6 +69,25 @@ class EpochOrder:
         self._base = 0  # the epoch index of _units[0]
         self._exhausted = False
         self.position = 0
+        self.given = given
+        self._limit = limit
+
+    def full(self) -> bool:
+        """The script has received as many batches as this epoch may give."""
+        if self._limit is None:
+            return False
+        limit = self._limit()
+        return limit is not None and self.given >= limit
+
+    def counted(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """``batches`` while the epoch may give more, each counted as given."""
+        while not self.full():
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            self.given += 1
+            yield batch
 
     def take(self, start: int, n: int) -> list[Any]:
         """Units ``start`` .. ``start + n - 1`` of the epoch (fewer at its end)."""
@@ -166,10 +195,12 @@ class Segment:
             raise RuntimeError("Segment.order must be set before iterating")
         if self.iterator is not None and not self.loader.persistent_workers:
             _internals.shut_down(self.iterator)  # the script left an epoch early
+        if self.order.full():
+            return iter(())
         self.sampler.restart(self.order)
         with dl.quiet_worker_warning():
             self.iterator = iter(self.loader)
-        return self._deliver(self.iterator)
+        return self.order.counted(self._deliver(self.iterator))
 
     def _deliver(self, it: Iterator[Any]) -> Iterator[Any]:
         delivered = self.sampler.delivered
