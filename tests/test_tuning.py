@@ -115,16 +115,16 @@ def test_tuned_rejects_a_bad_budget() -> None:
         tuned(DataLoader(Indices(), batch_size=4), budget_s=0)
 
 
+def _loadertune(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "loadertune", *args], capture_output=True, text=True, timeout=300
+    )
+
+
 def test_run_tune_completes_every_epoch_and_the_next_run_uses_the_winner(tmp_path: Path) -> None:
     counts, rec = tmp_path / "counts.jsonl", tmp_path / "rec.json"
     script = [str(SCRIPTS / "counts.py"), "--", str(counts), "40"]
-    tune = ["run", "--tune", "--budget", "4", "--file", str(rec)]
-    proc = subprocess.run(
-        [sys.executable, "-m", "loadertune", *tune, *script],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = _loadertune("run", "--tune", "--budget", "4", "--file", str(rec), *script)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "tuned in" in proc.stderr or "ended before the tuning" in proc.stderr, proc.stderr
     epochs = [json.loads(line) for line in counts.read_text().splitlines()]
@@ -134,12 +134,7 @@ def test_run_tune_completes_every_epoch_and_the_next_run_uses_the_winner(tmp_pat
     assert len(entries) == 1
     (entry,) = entries.values()
     assert entry["workload"]["loader_index"] == 1
-    again = subprocess.run(
-        [sys.executable, "-m", "loadertune", "run", "--file", str(rec), *script],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    again = _loadertune("run", "--file", str(rec), *script)
     assert again.returncode == 0 and "DataLoader #1 at" in again.stderr, again.stderr[-2000:]
 
 
@@ -152,12 +147,7 @@ def test_run_tune_tries_no_batch_size_that_would_overrun_a_schedule_sized_by_the
     out = tmp_path / "epochs.jsonl"
     tune = ["run", "--tune", "--budget", "4", "--batch-sizes", "4,16,32"]
     script = [str(SCRIPTS / "one_cycle.py"), "--", str(out), "40"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "loadertune", *tune, "--file", str(tmp_path / "rec.json"), *script],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = _loadertune(*tune, "--file", str(tmp_path / "rec.json"), *script)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "below its own 16" in proc.stderr and "4 is not tried" in proc.stderr, proc.stderr
     epochs = [json.loads(line) for line in out.read_text().splitlines()]
