@@ -26,10 +26,10 @@ then.
 ``keep_length``). A smaller batch size, or the replay's one batch handed over again and again,
 would give an epoch more batches than ``len(loader)`` said, and a script may count on it: a
 ``OneCycleLR`` sized by ``epochs * len(loader)`` raises at the step past its last. Once anything
-has asked the length (:func:`~loadertune.trials.patch.length_asked`), an epoch ends after that many
-batches, and the rest of its samples are left out: a trial measures the loop, not the training,
-and every later epoch starts whole. A real training run (``keep_length=False``) keeps every sample
-instead: there a smaller batch size the user allowed gives more steps per epoch.
+has asked the length (:func:`~loadertune.trials.patch.promised_batches`), an epoch ends after
+that many batches, and the rest of its samples are left out: a trial measures the loop, not the
+training, and every later epoch starts whole. A real training run (``keep_length=False``) keeps
+every sample instead: there a smaller batch size the user allowed gives more steps per epoch.
 
 **What differs from iterating one loader:** each segment's iterator draws its workers' base seed
 from the loader's generator (torch's global one by default), as a new epoch does: one more draw
@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -67,7 +67,7 @@ from loadertune.measure.counting import structure_counter
 from loadertune.measure.meter import Measurement, Meter, Sink, WindowSpec
 from loadertune.trials import _torch_internals as _internals
 from loadertune.trials import loader as dl
-from loadertune.trials.patch import length_asked
+from loadertune.trials.patch import promised_batches
 from loadertune.trials.segment import EpochOrder, Segment
 
 
@@ -183,7 +183,7 @@ class HotSwap:
         self.conductor = conductor
         self.fall_back = fall_back
         self.keep_length = keep_length
-        self._length: tuple[DataLoader[Any], int | None] | None = None  # len(loader), once asked
+        self._promised: tuple[DataLoader[Any], int] | None = None  # len(loader), once asked
         self.regroup = loader.batch_size is not None
         self.current: _Run | None = None
         self.good: Config | None = None  # the last setting that ran without failing
@@ -195,7 +195,7 @@ class HotSwap:
     def epoch(self) -> Iterator[Any]:
         """What ``iter(loader)`` returns: one epoch's batches, whatever setting is in use."""
         source = self.loader.sampler if self.regroup else self.loader.batch_sampler
-        return self._enter(EpochOrder(source, limit=self._limit))  # type: ignore[arg-type]
+        return self._enter(EpochOrder(source, limit=self._limit()))  # type: ignore[arg-type]
 
     def rest_of_epoch(self, batches: Iterator[Any], given: int) -> Iterator[Any]:
         """The rest of an epoch the script's own loader began and gave ``given`` batches of:
@@ -204,17 +204,21 @@ class HotSwap:
         regrouped as one stream of samples; with ``drop_last`` the script's batch sampler has
         dropped its short tail already, and each setting then drops its own."""
         units = itertools.chain.from_iterable(batches) if self.regroup else batches
-        return self._enter(EpochOrder(units, limit=self._limit, given=given))
+        return self._enter(EpochOrder(units, limit=self._limit(), given=given))
 
-    def _limit(self) -> int | None:
-        """The batches an epoch may give the script (see the module docstring), or None."""
+    def _limit(self) -> Callable[[], int | None] | None:
+        """What tells an epoch how many batches it may give the script (see the module
+        docstring): None in a real run, which keeps every sample."""
+        return self._batches_promised if self.keep_length else None
+
+    def _batches_promised(self) -> int | None:
         loader = self.loader  # (a loader created again replaces it)
-        if self._length is not None and self._length[0] is loader:
-            return self._length[1]
-        if not self.keep_length or not length_asked(loader):
-            return None
-        self._length = (loader, dl.batches_per_epoch(loader))
-        return self._length[1]
+        if self._promised is not None and self._promised[0] is loader:
+            return self._promised[1]  # asked once, said for good: not its dataset's len() again
+        promised = promised_batches(loader)
+        if promised is not None:
+            self._promised = (loader, promised)
+        return promised
 
     def _enter(self, order: EpochOrder) -> Iterator[Any]:
         self._order = order

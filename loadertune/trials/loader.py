@@ -228,15 +228,6 @@ class Repeat:
         return itertools.repeat(self._batch, self._times)
 
 
-def batches_per_epoch(loader: DataLoader[Any]) -> int | None:
-    """``len(loader)`` of a map-style loader, as DataLoader's own ``__len__`` counts it (without
-    the patch noting that it was asked), or None when its batch sampler has no length."""
-    try:
-        return len(loader.batch_sampler)  # type: ignore[arg-type]
-    except TypeError:
-        return None
-
-
 UNSHARDED_WARNING = (
     "the IterableDataset is not sharded across workers: each worker yields the same samples, so "
     "an epoch holds every sample num_workers times and throughput looks inflated; split the "

@@ -23,7 +23,7 @@ from loadertune.measure.meter import Measurement, Meter, Sink
 from loadertune.trials import _torch_internals as _internals
 from loadertune.trials import loader as dl
 from loadertune.trials.identity import LoaderRecord
-from loadertune.trials.patch import OriginalIter, length_asked
+from loadertune.trials.patch import OriginalIter, promised_batches
 from loadertune.trials.runner import window_for
 
 SEEN_BATCHES = 8  # per epoch: the batches whose length is checked
@@ -147,8 +147,7 @@ class Metered:
         """An epoch of one cached batch, metered (the step's rate without loading): endless, or
         as many batches as the loader's length once the script has asked it (a schedule sized
         by it must not step past its end: see :mod:`loadertune.trials.hotswap`)."""
-        times = dl.batches_per_epoch(self.loader) if length_asked(self.loader) else None
-        return MeteredEpoch(self, self.meter.wrap(dl.Repeat(batch, times)))
+        return MeteredEpoch(self, self.meter.wrap(dl.Repeat(batch, promised_batches(self.loader))))
 
     def saw(self, batch: Any) -> None:
         self.lengths.add(structure_count(batch))

@@ -40,6 +40,7 @@ __all__ = [
     "length_asked",
     "matches_site",
     "patched",
+    "promised_batches",
 ]
 
 # DataLoader's own __iter__, which a controller calls to iterate a loader for real
@@ -66,6 +67,18 @@ def length_asked(loader: DataLoader[Any]) -> bool:
     then the script may count on an epoch having that many batches (a ``OneCycleLR`` sized by
     ``epochs * len(loader)`` raises at the step past its last)."""
     return bool(loader.__dict__.get(LENGTH_ASKED))
+
+
+def promised_batches(loader: DataLoader[Any]) -> int | None:
+    """The batches per epoch the script was told (``len(loader)``, as DataLoader's own
+    ``__len__`` counts a map-style loader's) once anything asked; None when nothing did or its
+    batch sampler has no length."""
+    if not length_asked(loader):
+        return None
+    try:
+        return len(loader.batch_sampler)  # type: ignore[arg-type]
+    except TypeError:
+        return None
 
 
 @contextlib.contextmanager

@@ -80,7 +80,11 @@ class EpochOrder:
         return limit is not None and self.given >= limit
 
     def counted(self, batches: Iterator[Any]) -> Iterator[Any]:
-        """``batches`` while the epoch may give more, each counted as given."""
+        """``batches`` while the epoch may give more, each counted as given (as they are,
+        without a limit: nothing to count then)."""
+        return batches if self._limit is None else self._counting(batches)
+
+    def _counting(self, batches: Iterator[Any]) -> Iterator[Any]:
         while not self.full():
             try:
                 batch = next(batches)
