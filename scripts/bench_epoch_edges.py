@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,6 +38,7 @@ SETTINGS = [
     Config(64, 3, 2, persistent_workers=True),
     Config(64, 6, 2),
     Config(128, 6, 2, persistent_workers=True),
+    Config(128, 3, 4),
 ]
 
 
@@ -57,15 +60,44 @@ class Samples(Dataset[torch.Tensor]):
 
 
 STEP_S = 0.0  # the loop's own work per batch (a spin: it shares the CPUs with the workers)
+WINDOW_S = 0.75
+WHOLE = False  # trials measure whole epochs (WindowSpec.whole_epoch)
 
 
-def step(batch: Any) -> None:
+def spin_step(batch: Any) -> None:
     t = time.perf_counter()
     while time.perf_counter() - t < STEP_S:
         pass
 
 
-def whole_epochs(dataset: Samples, config: Config, epochs: int) -> float:
+step: Any = spin_step
+
+
+def images() -> Dataset[Any]:
+    """``examples/train_images.py``'s training set and step: JPEGs decoded and augmented in
+    the workers, a small CNN trained with torch's own threads, on the same CPUs."""
+    global step
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+    import train_images as ex
+
+    root = ex.make_image_folder(ex.example_cache_dir() / "images", 2000, 96)
+    (paths, labels), _ = ex.split(*ex.list_images(root), seed=0)
+    model = ex.SmallCNN()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    criterion = torch.nn.CrossEntropyLoss()
+
+    def train_step(batch: Any) -> None:
+        x, y = batch
+        loss = criterion(model(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    step = train_step
+    return ex.ImageFolderDataset(paths, labels, crop=64, train=True)
+
+
+def whole_epochs(dataset: Dataset[Any], config: Config, epochs: int) -> float:
     loader = DataLoader(dataset, shuffle=True, **config.loader_kwargs())
     times = []
     for e in range(epochs + 1):
@@ -89,35 +121,35 @@ class _InTurn:
         if not self.configs:
             return None
         config = self.configs.pop(0)
-        return Step(config, window_for(config, window_s=0.75))
+        return Step(config, window_for(config, window_s=WINDOW_S, whole_epoch=WHOLE))
 
     def finished(self, outcome: Outcome) -> bool:
         self.outcomes.append(outcome)
         return True
 
 
-def trial(dataset: Samples, config: Config) -> TrialResult:
+def trial(dataset: Dataset[Any], config: Config) -> TrialResult:
     """One trial of ``config`` as ``tune_loader`` runs it (a loader of its own, from an epoch's
     start)."""
     runner = InlineRunner(dataset, step=step, fixed={"shuffle": True})
     try:
         return runner.run(
             config,
-            window=window_for(config, window_s=0.75),
+            window=window_for(config, window_s=WINDOW_S, whole_epoch=WHOLE),
             limits=Limits(timeout_s=60, startup_s=30, hang_s=10),
         )
     finally:
         runner.close()
 
 
-def swapped(dataset: Samples, reps: int) -> dict[Config, list[TrialResult]]:
+def swapped(dataset: Dataset[Any], reps: int) -> dict[Config, list[TrialResult]]:
     """Every setting ``reps`` times, in turn, hot-swapped under one loop (as a script's trial
     process runs them): each starts wherever the loop is in its epoch."""
     loader = DataLoader(dataset, batch_size=32, shuffle=True)
     conductor = _InTurn(SETTINGS * reps)
     swap = HotSwap(loader, conductor, fall_back=False)
     try:
-        while conductor.configs or (swap.current is not None and swap.current.meter):
+        while conductor.configs or swap.measuring:
             for batch in swap.epoch():
                 step(batch)
     finally:
@@ -142,15 +174,31 @@ def main() -> None:
     ap.add_argument(
         "--swap", action="store_true", help="trials hot-swapped under one loop, as in a script"
     )
-    args = ap.parse_args()
-    global STEP_S
-    STEP_S = args.step_ms / 1000
-    dataset = Samples(args.samples, args.sample_ms / 1000, args.busy)
-    kind = ("spin" if args.busy else "sleep") + (", hot-swapped" if args.swap else "")
-    print(
-        f"{args.samples} samples, {args.sample_ms} ms each ({kind}), a step of {args.step_ms} ms, "
-        "trials of 0.75 s windows"
+    ap.add_argument(
+        "--images", action="store_true", help="the image example's dataset and training step"
     )
+    ap.add_argument("--window", type=float, default=0.75, help="a trial's window, seconds")
+    ap.add_argument(
+        "--whole", action="store_true", help="trials measure whole epochs (--window: expected)"
+    )
+    args = ap.parse_args()
+    global STEP_S, WINDOW_S, WHOLE
+    STEP_S, WINDOW_S, WHOLE = args.step_ms / 1000, args.window, args.whole
+    swap = ", hot-swapped" if args.swap else ""
+    dataset: Dataset[Any]
+    if args.images:
+        dataset = images()
+        print(f"the image example's {len(dataset)} images and CNN step{swap}", end=", ")  # type: ignore[arg-type]
+    else:
+        dataset = Samples(args.samples, args.sample_ms / 1000, args.busy)
+        kind = ("spin" if args.busy else "sleep") + swap
+        print(
+            f"{args.samples} samples, {args.sample_ms} ms each ({kind}), "
+            f"a step of {args.step_ms} ms",
+            end=", ",
+        )
+    print("trials of whole epochs" if WHOLE else f"trials of {WINDOW_S} s windows")
+    n_samples = len(dataset)  # type: ignore[arg-type]
     print(
         "| setting | batches/epoch | trial steady | trial per epoch | whole epochs "
         "| per epoch / whole |"
@@ -164,7 +212,7 @@ def main() -> None:
         truth = whole_epochs(dataset, config, args.epochs)
         est = statistics.median(per_epoch)
         print(
-            f"| {config.label()} | {-(-args.samples // config.batch_size)} "
+            f"| {config.label()} | {-(-n_samples // config.batch_size)} "
             f"| {statistics.median(steady):,.0f} ({min(steady):,.0f}..{max(steady):,.0f}) "
             f"| {est:,.0f} ({min(per_epoch):,.0f}..{max(per_epoch):,.0f}) "
             f"| {truth:,.0f} | {est / truth:.2f} |",

@@ -55,6 +55,8 @@ the main process ``B*S/8 GB/s`` of CPU). The main process receives each batch fr
   variance falls as 1/window), so a shorter window is noisier:
   ``sigma(W) = sigma * sqrt(0.5 + 0.5 * ref / W)`` in all; the sub-windows' sigma grows likewise
   as they shorten.
+* A whole-epoch window (``WindowSpec.whole_epoch``) ends with the epoch; begun in a launch's
+  epoch under way, it first waits for that epoch's rest at its own rate.
 * Wall time of a trial: set-up + first batch + warm-up batches + the window (sub-windows of whole
   batches, at least 4 batches) + a re-entry (inline: every ``n > 0`` trial when ``N`` is known;
   script: with persistent workers) + teardown. Pruning (``should_stop``) is honoured at every
@@ -531,6 +533,7 @@ class SimRunner(BaseRunner):
     def __init__(self, w: Workload, mode: str, clock: FakeClock, rng: np.random.Generator) -> None:
         self.w, self.mode, self.clock, self.rng = w, mode, clock, rng
         self.launch_left = 0.0  # samples the script's live launch can still give (0: none)
+        self.epoch_left = 0.0  # samples left of the launch's epoch under way (0: at a start)
         self.in_process = mode == "inline"
         self.uses_cuda = w.gpu if mode == "inline" else False  # a script's is learnt
         self.epoch_samples = w.epoch_samples if mode == "inline" else None
@@ -590,6 +593,7 @@ class SimRunner(BaseRunner):
         if self.mode == "script":
             if self.launch_left <= 0:  # a fresh launch
                 setup, self.launch_left = w.process_start_s, w.script_samples
+                self.epoch_left = 0.0
             else:
                 setup = SWAP_S
             setup *= self._noise(0.05)
@@ -635,8 +639,13 @@ class SimRunner(BaseRunner):
         if loader_bound and getattr(window, "settled_after", None) is not None:
             warmup_batches = min(warmup_batches, window.settled_after)
         warmup = warmup_batches * period
+        whole = window.whole_epoch and bool(w.epoch_samples) and not replay
+        if whole and self.mode == "script" and self.epoch_left:
+            # begun mid-epoch: the rest of the epoch runs unmeasured, the next is the window
+            warmup = self.epoch_left / rate
+            self._gave(self.epoch_left)
         subs, elapsed, batches, full = self._window(rate, period, window, should_stop, result)
-        self.launch_left -= (1 + window.warmup_batches + batches) * bs  # what the script gave
+        self._gave((1 + (0 if whole else window.warmup_batches) + batches) * bs)
         measured = statistics.fmean(subs)
         reentry = 0.0
         if not replay and n and w.epoch_samples and (self.mode == "inline" or c.persistent_workers):
@@ -668,6 +677,7 @@ class SimRunner(BaseRunner):
             reentry_s=[reentry] if reentry else [],
             blocked_cpu_fraction=None if cpu_fraction is None else min(1.0, cpu_fraction),
             step_s_per_batch=step,
+            whole_epoch=whole and full and elapsed >= ((w.epoch_samples or 0) - bs) / rate - 1e-9,
         )
         result.resources = self._resources(c, measured, replay)
         if w.gpu:
@@ -680,6 +690,13 @@ class SimRunner(BaseRunner):
                     "pinned_samples_per_s": 1 / (per * w.pin_factor),
                 }
         return result, wall
+
+    def _gave(self, samples: float) -> None:
+        """The script received ``samples`` more (its launch and its epoch move on)."""
+        self.launch_left -= samples
+        epoch = self.w.epoch_samples
+        if epoch:
+            self.epoch_left = (self.epoch_left - samples) % epoch
 
     def _window(
         self,
@@ -701,11 +718,20 @@ class SimRunner(BaseRunner):
         sub_sigma = self.w.sub_sigma * min(
             3.0, math.sqrt(NOISE_REF_WINDOW_S / window.n_sub_windows / sub_s)
         )
+        # a whole epoch's window ends with the epoch (its first batch is the first batch's)
+        epoch_end = math.inf
+        if window.whole_epoch and self.w.epoch_samples and result.phase != "replay":
+            epoch_end = (self.w.epoch_samples - result.config.batch_size) / rate
         while True:
             subs.append(rate * self._noise(sub_sigma))
             elapsed += sub_s
             batches += sub_s / period
-            full = window.is_full(elapsed, batches)
+            if elapsed >= epoch_end:
+                batches -= (elapsed - epoch_end) / period
+                elapsed = epoch_end
+                full = True
+            else:
+                full = window.is_full(elapsed, batches)
             if should_stop is not None and should_stop(len(subs) - 1, statistics.fmean(subs)):
                 result.pruned = True  # the supervisor marks it even on the last sub-window
                 return subs, elapsed, batches, full

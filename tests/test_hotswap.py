@@ -3,6 +3,7 @@ every epoch holds each sample exactly once."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any
 
@@ -33,15 +34,18 @@ class Indices(Dataset):
 class Listed:
     """A conductor that runs ``configs`` in turn, then keeps the last good one."""
 
-    def __init__(self, configs: list[Config], window_s: float = 0.15) -> None:
+    def __init__(self, configs: list[Config], window_s: float = 0.15, whole: bool = False) -> None:
         self.configs = list(configs)
         self.window_s = window_s
+        self.whole = whole  # whole-epoch windows
         self.outcomes: list[Outcome] = []
 
     def next_step(self) -> Step | None:
         if not self.configs:
             return None
         c = self.configs.pop(0)
+        if self.whole:
+            return Step(c, WindowSpec(warmup_batches=0, window_s=30.0, whole_epoch=True))
         return Step(c, WindowSpec(warmup_batches=c.in_flight_batches + 1, window_s=self.window_s))
 
     def finished(self, outcome: Outcome) -> bool:
@@ -52,7 +56,7 @@ class Listed:
 def epochs_through(swap: HotSwap, conductor: Listed) -> list[list[int]]:
     """Epochs until every setting has run, and one more."""
     seen = []
-    while len(seen) < 30 and (conductor.configs or len(seen) < 2 or swap.current.meter):
+    while len(seen) < 30 and (conductor.configs or len(seen) < 2 or swap.measuring):
         seen.append([i for batch in swap.epoch() for i in batch.flatten().tolist()])
     seen.append([i for batch in swap.epoch() for i in batch.flatten().tolist()])
     swap.close()
@@ -82,6 +86,55 @@ def test_each_epoch_holds_every_sample_once_across_setting_changes(drop_last: bo
             assert sorted(seen) == list(range(500))  # nothing lost
         else:  # only the tail of the setting in use at the epoch's end, less than its batch
             assert 500 - len(seen) < max(c.batch_size for c in SEQUENCE)
+
+
+def test_whole_epoch_trials_begun_mid_epoch_measure_the_next_epoch_whole() -> None:
+    """After a windowed setting that ends mid-epoch, each whole-epoch setting lets that epoch run
+    out and measures the next from its start to its end: every sample of it, once."""
+    loader = DataLoader(Indices(), batch_size=16, shuffle=True)
+    windowed = Listed([Config(16, 1, 2)], window_s=0.01)
+    swap = HotSwap(loader, windowed, fall_back=False)
+    settings = [Config(32, 2, 2), Config(16, 2, 2, persistent_workers=True), Config(64)]
+    whole = Listed(settings, whole=True)
+    try:
+        epoch = swap.epoch()
+        first = [i for b in itertools.islice(epoch, 24) for i in b.flatten().tolist()]
+        assert windowed.outcomes  # the window ended mid-epoch, 384 samples in
+        swap.conductor = whole  # the first whole-epoch setting starts here
+        first += [i for b in epoch for i in b.flatten().tolist()]
+    except BaseException:
+        swap.close()
+        raise
+    assert sorted(first) == list(range(500))
+    epochs = epochs_through(swap, whole)
+    assert [o.step.config for o in whole.outcomes] == settings
+    for o in whole.outcomes:
+        m = o.measurement
+        assert m is not None and m.whole_epoch and m.n_samples == 500 == o.epoch_samples
+    for seen in epochs[1:]:
+        assert sorted(seen) == list(range(500))
+
+
+def test_a_step_that_comes_when_the_epoch_has_no_batch_left_starts_with_the_next() -> None:
+    """A whole-epoch window ends its epoch; with ``drop_last`` the 4 samples left make no batch.
+    The replay that comes next (it needs a batch the script has not received) starts with the
+    next epoch, rather than finding none and being lost."""
+    loader = DataLoader(Indices(), batch_size=16, shuffle=True, drop_last=True)
+    steps = [
+        Step(Config(16, 1, 2), WindowSpec(warmup_batches=0, window_s=30.0, whole_epoch=True)),
+        Step(Config(16), WindowSpec(warmup_batches=1, window_s=0.02), phase="replay"),
+    ]
+    conductor = Listed([])
+    conductor.next_step = lambda: steps.pop(0) if steps else None  # type: ignore[method-assign]
+    swap = HotSwap(loader, conductor, fall_back=False)
+    try:
+        epochs = [[i for b in swap.epoch() for i in b.flatten().tolist()] for _ in range(2)]
+    finally:
+        swap.close()
+    assert [o.step.phase for o in conductor.outcomes] == ["search", "replay"]
+    assert all(o.measurement is not None for o in conductor.outcomes)
+    assert conductor.outcomes[0].measurement.n_samples == 496  # type: ignore[union-attr]
+    assert len(epochs[0]) == 496
 
 
 def test_at_the_same_batch_size_the_batches_are_those_of_one_loader() -> None:

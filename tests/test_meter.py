@@ -280,3 +280,47 @@ def test_a_window_holds_whole_rounds_of_the_workers() -> None:
     m = run_loop(Meter(spec, sink=rec, count=FixedCount(8)), Counted(rec, gap_s=0.02, every=5))
     assert m.n_batches == 10  # two rounds: the first sub-window's round is not enough
     assert len(m.sub_window_samples_per_s) == 2
+
+
+def test_a_whole_epoch_window_holds_the_epoch_from_its_first_batch_to_its_end() -> None:
+    """No warm-up: the first batch's step (the slowest, while the workers fill their buffer) and
+    the epoch's last batches (the buffer draining) are the epoch's, so the window holds them."""
+    rec = Recorder()
+    meter = Meter(WindowSpec(warmup_batches=0, window_s=10.0, whole_epoch=True), sink=rec)
+    steps = iter([0.05] + [0.0] * 9)  # the first step is slow
+    t0 = time.perf_counter()
+    for _ in meter.wrap(slow_batches(10, 0.002)):
+        time.sleep(next(steps))
+    elapsed = time.perf_counter() - t0
+    assert meter.done
+    m = meter.result()
+    assert m.complete and m.whole_epoch
+    assert (m.n_batches, m.n_samples) == (10, 80)
+    # iter() to the epoch's end, less the first batch's wait: the slow first step is inside
+    assert m.first_batch_s + m.window_s == pytest.approx(elapsed, abs=0.01)
+    assert m.window_s >= 0.05
+    assert rec.events[:2] == ["first_batch", "window_start"] and rec.events[-1] == "window_end"
+
+
+def test_a_whole_epoch_window_begun_mid_epoch_measures_the_next_epoch() -> None:
+    """A setting swapped in mid-epoch lets that epoch run out, then measures the next one
+    whole; the next epoch's start-up (its first batch's wait) is recorded as a re-entry."""
+    meter = Meter(WindowSpec(warmup_batches=0, window_s=10.0, whole_epoch=True), mid_epoch=True)
+    got = [sum(1 for _ in meter.wrap(slow_batches(n, 0.002))) for n in (3, 7)]
+    assert got == [3, 7] and meter.done
+    m = meter.result()
+    assert m.whole_epoch and (m.n_batches, m.n_samples) == (7, 56)
+    assert len(m.reentry_s) == 1
+
+
+def test_a_whole_epoch_window_that_outlasts_twice_its_expected_time_ends_as_a_window() -> None:
+    meter = Meter(WindowSpec(warmup_batches=0, window_s=0.05, whole_epoch=True))
+    n = sum(1 for _ in meter.wrap(slow_batches(1000, 0.01)))
+    m = meter.result()
+    assert n < 1000 and m.complete and not m.whole_epoch
+    assert m.window_s >= 0.1
+
+
+def test_a_whole_epoch_window_takes_no_warm_up() -> None:
+    with pytest.raises(ValueError):
+        WindowSpec(warmup_batches=2, window_s=1.0, whole_epoch=True)

@@ -51,6 +51,8 @@ class Meter:
             the loading runs in this thread; tells CPU-bound from I/O-bound loading).
         beat_s: at most one heartbeat per this many seconds.
         on_done: called with the result when the window ends, before ``StopIteration``.
+        mid_epoch: the meter begins in the middle of an epoch (a setting swapped in under a
+            running loop): a whole-epoch window (``WindowSpec.whole_epoch``) waits for the next.
     """
 
     # Slots: the hot path reads and writes a handful of these per batch.
@@ -80,6 +82,7 @@ class Meter:
         "_sub_start",
         "_sync",
         "_t_wrap",
+        "_to_next_epoch",
         "_w_batches",
         "_w_blocked",
         "_w_blocked_cpu",
@@ -101,6 +104,7 @@ class Meter:
         measure_cpu: bool = False,
         beat_s: float = 0.5,
         on_done: Callable[[Measurement], None] | None = None,
+        mid_epoch: bool = False,
     ) -> None:
         self.spec = spec
         self._count = count
@@ -123,6 +127,7 @@ class Meter:
         self._reentry_s: list[float] = []
         self._last_beat = -math.inf
         self._warmup_left = spec.warmup_batches
+        self._to_next_epoch = spec.whole_epoch and mid_epoch  # warm up to the epoch's end
         # the warm-up batches left when a waiting next() may end it (-1: never)
         self._settle_at = (
             -1 if spec.settled_after is None else spec.warmup_batches - spec.settled_after
@@ -185,8 +190,7 @@ class Meter:
         try:
             batch = next(self._it)  # type: ignore[arg-type]
         except StopIteration:
-            self._paused_at = t0
-            self._sink.event("rest")  # the epoch ended inside the window
+            self._epoch_ended(t0)
             raise
         except BaseException:
             self.failed_in_next = True
@@ -220,9 +224,7 @@ class Meter:
         try:
             batch = next(self._it)
         except StopIteration:
-            self._paused_at = t0
-            if phase != _FIRST:  # the epoch ended before the window did: the loop is elsewhere
-                self._sink.event("rest")
+            self._epoch_ended(t0)
             raise
         except BaseException:
             self.failed_in_next = True  # the loader raised, not the loop's body
@@ -251,16 +253,43 @@ class Meter:
             self._w_batches += 1
         elif phase == _WARMUP:
             self._warmup_left -= 1
-            if self._warmup_left <= 0 or (
-                waited >= SETTLED_WAIT_S and self._warmup_left <= self._settle_at
+            if not self._to_next_epoch and (
+                self._warmup_left <= 0
+                or (waited >= SETTLED_WAIT_S and self._warmup_left <= self._settle_at)
             ):
                 self._phase = _OPENING
         else:  # _FIRST
             self._first_batch_s = t1 - self._t_wrap
             self._warmup_start = t1
             self._sink.event("first_batch")
-            self._phase = _WARMUP if self._warmup_left > 0 else _OPENING
+            self._phase = _WARMUP if self._warmup_left > 0 or self._to_next_epoch else _OPENING
+            if self._phase == _OPENING and self.spec.whole_epoch:
+                # The first batch's step is the epoch's too, and its slowest (the workers are
+                # all busy filling the buffer): the window holds it.
+                self._open_window(t1)
+                n = self._count(batch, index)
+                self._w_samples += n
+                self._sub_samples += n
+                self._w_batches += 1
         return batch
+
+    def _epoch_ended(self, t0: float) -> None:
+        """The loop's ``next()`` at ``t0`` found the epoch over."""
+        phase = self._phase
+        if phase == _WINDOW and self.spec.whole_epoch:
+            if self._sync is not None:
+                self._sync()
+                t0 = self._clock()
+            self._close_sub_window(t0)
+            self._finish(t0, complete=True, whole_epoch=True)
+            return
+        self._paused_at = t0
+        if phase == _FIRST:
+            self._to_next_epoch = False  # nothing came: the next epoch starts with the meter
+        else:  # the epoch ended before the window did: the loop is elsewhere
+            if self._to_next_epoch:
+                self._phase = _OPENING  # the next epoch is the window
+            self._sink.event("rest")
 
     # The window opens at the start of the next() call after the last warm-up batch, so that
     # batch's step stays outside it, and closes at the start of a next() call, after a step.
@@ -309,7 +338,14 @@ class Meter:
         self._sub_end = t_back + self.spec.window_s / self.spec.n_sub_windows
         return t_back
 
-    def _finish(self, t_end: float, *, complete: bool, stopped_early: bool = False) -> None:
+    def _finish(
+        self,
+        t_end: float,
+        *,
+        complete: bool,
+        stopped_early: bool = False,
+        whole_epoch: bool = False,
+    ) -> None:
         window = t_end - self._w_start - self._excluded
         self._phase = _DONE
         self._sink.event("window_end")
@@ -330,6 +366,7 @@ class Meter:
                 self._w_blocked_cpu / blocked if self._measure_cpu and blocked > 0 else None
             ),
             step_s_per_batch=(window - blocked) / self._w_batches if self._w_batches else 0.0,
+            whole_epoch=whole_epoch,
         )
         if self._on_done is not None:
             self._on_done(self._result)

@@ -44,10 +44,13 @@ class WindowSpec:
     n_sub_windows: int = 4
     settled_after: int | None = None
     round_batches: int = 1
+    whole_epoch: bool = False
 
     def is_full(self, elapsed_s: float, batches: float) -> bool:
         """The window has run its length: ``window_s`` and ``min_window_batches``, or twice
-        ``window_s`` whatever the batches."""
+        ``window_s`` whatever the batches (a whole epoch: only the latter; its end ends it)."""
+        if self.whole_epoch:
+            return elapsed_s >= 2 * self.window_s
         return elapsed_s >= self.window_s and (
             batches >= self.min_window_batches or elapsed_s >= 2 * self.window_s
         )
@@ -59,6 +62,7 @@ class WindowSpec:
             or self.n_sub_windows < 1
             or (self.settled_after is not None and self.settled_after < 0)
             or self.round_batches < 1
+            or (self.whole_epoch and self.warmup_batches)
         ):
             raise ValueError(f"invalid window: {self}")
 
@@ -99,6 +103,7 @@ class Measurement:
     reentry_s: list[float] = field(default_factory=list)  # first batch after each re-entry
     blocked_cpu_fraction: float | None = None  # CPU time / wall time inside next(), if measured
     step_s_per_batch: float = 0.0  # mean time between next() calls: the loop body
+    whole_epoch: bool = False  # the window was an epoch, from its start to its end
 
     @property
     def spread(self) -> float:

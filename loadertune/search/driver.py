@@ -27,7 +27,7 @@ from loadertune.search import plan
 from loadertune.search.agenda import Agenda
 from loadertune.search.confirm import Confirmation, confirm
 from loadertune.search.ledger import Ledger
-from loadertune.search.limits import limits_for, typical_wall
+from loadertune.search.limits import limits_for, short_epoch_s, typical_wall
 from loadertune.search.opening import Opening
 from loadertune.search.outcome import Observer, SearchOutcome
 from loadertune.search.probe import Estimates, seed_configs
@@ -113,7 +113,10 @@ class Search:
         best = self.ledger.best_value if self.settings.live else self.ledger.robust_best()
         return index >= 1 and running < self.settings.prune_ratio * best
 
-    def _window(self, config: Config | None) -> WindowSpec:
+    def _window(self, config: Config | None, phase: str = "search") -> WindowSpec:
+        epoch_s = None if phase == "replay" else self._short_epoch_s()
+        if epoch_s is not None:
+            return window_for(config or Config(1), window_s=epoch_s, whole_epoch=True)
         # In-process loading has no buffer to drain: one batch of warm-up after the first.
         in_process = config is not None and config.num_workers == 0
         return window_for(
@@ -122,9 +125,22 @@ class Search:
             min_warmup=1 if in_process else 2,
         )
 
+    def _short_epoch_s(self) -> float | None:
+        if self.settings.live or not self.runner.epoch_samples:
+            return None
+        return short_epoch_s(
+            self.ledger.trials,
+            epoch_samples=self.runner.epoch_samples,
+            rate=self.ledger.robust_best(),
+            default_wall_s=self.settings.trial_window_s + 1.0,
+        )
+
     def _request(self, config: Config | None, phase: str, prunable: bool) -> TrialRequest:
         return TrialRequest(
-            self._window(config), self._limits(), phase, self._prune_rule if prunable else None
+            self._window(config, phase),
+            self._limits(),
+            phase,
+            self._prune_rule if prunable else None,
         )
 
     def _measure(self, config: Config | None, phase: str, *, prunable: bool = False) -> TrialResult:

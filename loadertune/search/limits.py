@@ -20,6 +20,35 @@ def typical_wall(trials: Sequence[TrialResult], *, default_s: float) -> float:
     return statistics.median(walls) if walls else default_s
 
 
+# An epoch that takes no longer than this many window trials is measured whole (short_epoch_s).
+WHOLE_EPOCH_WITHIN = 2.0
+
+
+def short_epoch_s(
+    trials: Sequence[TrialResult], *, epoch_samples: int, rate: float, default_wall_s: float
+) -> float | None:
+    """What an epoch of ``epoch_samples`` takes at ``rate`` (the best so far), when that is
+    short enough to measure whole: :data:`WHOLE_EPOCH_WITHIN` of this run's window trials at
+    most (their :func:`typical_wall`). None: measure windows.
+
+    A window's rate stands for an epoch only when the epoch is long beside the workers' start
+    and their buffer's filling and draining. In a short one (the image example's 14 batches of
+    128 with 12 in flight), a window sees the step drain a full buffer while the workers idle,
+    and the epoch's first step, its slowest (every worker is busy filling the buffer), is left
+    out: an in-process trial read 1.14 of what whole epochs ran at, hot-swapped ones 0.79 to
+    0.99 (``python scripts/bench_epoch_edges.py --images [--swap]``); trials of whole epochs
+    read 0.88 to 1.05 (``--whole``). An epoch that takes about a trial costs little more."""
+    if rate <= 0:
+        return None
+    windows = [t for t in trials if not (t.measurement and t.measurement.whole_epoch)]
+    epoch_s = epoch_samples / rate
+    return (
+        epoch_s
+        if epoch_s <= WHOLE_EPOCH_WITHIN * typical_wall(windows, default_s=default_wall_s)
+        else None
+    )
+
+
 def limits_for(
     trials: Sequence[TrialResult],
     *,

@@ -185,7 +185,10 @@ def least_trial_s(config: Config, window: WindowSpec, rate: float, *, loader_bou
     """The least a trial of ``config`` can take at ``rate`` samples/s: its first batch (one
     worker's batch: a round of the workers' time), its warm-up (``settled_after`` batches when
     the loader sets the pace and the buffer settles at once, else all of ``warmup_batches``) and
-    its window's minimum of batches, each ``batch / rate`` seconds apart. 0 without a rate."""
+    its window's minimum of batches, each ``batch / rate`` seconds apart. 0 without a rate.
+    A whole epoch's window takes what the epoch is expected to (its ``window_s``)."""
+    if window.whole_epoch:
+        return window.window_s
     if rate <= 0:
         return 0.0
     per_batch = config.batch_size / rate

@@ -164,6 +164,7 @@ class TrialController:
             original,
             sink=sink,
             window_s=self.spec["window_s"],
+            whole_epoch=self.spec.get("whole_epoch", False),
             on_full=self._window_full,
             on_batch=self.watch.yielded if self.watch is not None else None,
         )

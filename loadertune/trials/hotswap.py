@@ -132,7 +132,9 @@ class Conductor(Protocol):
 class _Run:
     """A step in progress: its segment, its meter (None when unmeasured) and its iterator."""
 
-    def __init__(self, step: Step, segment: Segment, replayed: Any = None) -> None:
+    def __init__(
+        self, step: Step, segment: Segment, replayed: Any = None, *, mid_epoch: bool = False
+    ) -> None:
         self.step, self.segment = step, segment
         self.meter: Meter | None = None
         self.replayed = replayed  # the replay's one batch, handed over again and again
@@ -144,6 +146,7 @@ class _Run:
                 sink=step.sink,
                 sync=dl.cuda_sync,
                 measure_cpu=step.config.num_workers == 0 and step.phase != "replay",
+                mid_epoch=mid_epoch,
             )
 
     def enter(self, order: EpochOrder) -> None:
@@ -189,6 +192,7 @@ class HotSwap:
         self.good: Config | None = None  # the last setting that ran without failing
         self._order: EpochOrder | None = None
         self._pending: list[Any] = []  # batches fetched already, handed over first
+        self._deferred: Step | None = None  # came at an epoch's end: starts with the next
 
     # -- what the script iterates ----------------------------------------------------------------
 
@@ -236,11 +240,16 @@ class HotSwap:
             run = self.current
             try:
                 if run is None or run.meter is None:
-                    step = self.conductor.next_step()
+                    step, self._deferred = self._deferred or self.conductor.next_step(), None
                     if step is None and run is None:
                         if self.good is None:
                             raise RuntimeError("the conductor gave no first setting")
                         step = Step(self.good)
+                    if step is not None and self._nothing_left(step, order):
+                        # nothing of this epoch is left to give (a whole-epoch window ended
+                        # it): the step starts with the next epoch, from its start
+                        self._deferred = step
+                        raise StopIteration
                     if step is not None:
                         run = self._begin(step, order)
                         if run is None:
@@ -270,6 +279,12 @@ class HotSwap:
             return None
         return n // config.batch_size * config.batch_size if self.loader.drop_last else n
 
+    def _nothing_left(self, step: Step, order: EpochOrder) -> bool:
+        """The epoch has no batch left for ``step`` (with ``drop_last``, a whole one), though
+        the next epoch will (one that never would is reported by :meth:`_begin`)."""
+        need = step.config.batch_size if self.regroup and self.loader.drop_last else 1
+        return self.epoch_samples(step.config) != 0 and not order.has_left(need)
+
     def _begin(self, step: Step, order: EpochOrder) -> _Run | None:
         """Start ``step`` at the script's position (the setting in use gives way first); None
         when the setting yields no batch at all (reported as such)."""
@@ -283,7 +298,8 @@ class HotSwap:
         segment = Segment(self.loader, step.config, regroup=self.regroup, timeout_s=step.hang_s)
         segment.order = order
         replayed = segment.first_batch_unreceived() if step.phase == "replay" else None
-        run = self.current = _Run(step, segment, replayed)
+        started = order.position > 0 or order.given > 0  # the script is in the epoch's middle
+        run = self.current = _Run(step, segment, replayed, mid_epoch=started)
         run.enter(order)
         return run
 
@@ -340,6 +356,13 @@ class HotSwap:
         run.segment.close()
         if self.current is run:
             self.current = None
+
+    @property
+    def measuring(self) -> bool:
+        """A measured step is under way, or waits for the next epoch to start."""
+        return self._deferred is not None or (
+            self.current is not None and self.current.meter is not None
+        )
 
     def active(self) -> tuple[Meter | None, Any, int]:
         """The running step's meter, DataLoader iterator and worker count (for a failure)."""

@@ -106,7 +106,8 @@ class LiveConductor:
             rests_fail=False,
         )
         sup.__enter__()
-        window = window_for(config, window_s=slot.request.window.window_s)
+        asked = slot.request.window
+        window = window_for(config, window_s=asked.window_s, whole_epoch=asked.whole_epoch)
         return Step(
             config,
             window,

@@ -133,6 +133,7 @@ class RunMsg(TypedDict):
     overrides: dict[str, Any] | None  # Config.loader_kwargs(); None: the script's own settings
     phase: str
     window_s: float
+    whole_epoch: bool  # the window is an epoch (WindowSpec.whole_epoch)
     hang_s: float
 
 

@@ -80,6 +80,7 @@ class Metered:
         original: DataLoader's own ``__iter__``.
         sink: the meter's sink (a :class:`HeldSink` for a candidate).
         window_s: the measured window.
+        whole_epoch: the window is an epoch (``WindowSpec.whole_epoch``).
         on_full: called with this and the measurement when the window is full.
         on_batch: called with the key after every batch (the optimizer's feed watch), or None.
     """
@@ -92,6 +93,7 @@ class Metered:
         *,
         sink: Sink,
         window_s: float,
+        whole_epoch: bool = False,
         on_full: Callable[[Metered, Measurement], None],
         on_batch: Callable[[tuple[str, ...]], None] | None = None,
     ) -> None:
@@ -105,13 +107,16 @@ class Metered:
         self.lengths: set[int] = set()
         self.loaders: list[int] = []  # the index of each loader iterated: re-creations
         self.current: MeteredEpoch | None = None  # the epoch iterated last
-        self._window_s, self._on_full = window_s, on_full
+        self._window_s, self._whole_epoch, self._on_full = window_s, whole_epoch, on_full
         self.meter = self._new_meter()
 
-    def _new_meter(self) -> Meter:
+    def _new_meter(self, *, mid_epoch: bool = False) -> Meter:
         loader = self.loader
         return Meter(
-            window_for(dl.settings_of(loader), window_s=self._window_s),
+            window_for(
+                dl.settings_of(loader), window_s=self._window_s, whole_epoch=self._whole_epoch
+            ),
+            mid_epoch=mid_epoch,
             count=dl.sample_counter(loader),
             sink=self.sink,
             sync=dl.cuda_sync,
@@ -125,7 +130,7 @@ class Metered:
         its window held training's first, slow, steps). What its first window sent is dropped."""
         if isinstance(self.sink, HeldSink):
             self.sink = HeldSink(self.sink.real)
-        self.meter = self._new_meter()
+        self.meter = self._new_meter(mid_epoch=True)
         self.active = True
 
     @property

@@ -139,6 +139,7 @@ class TrialResult:
             "failure": self.failure.to_dict() if self.failure else None,
             "skipped": self.skipped,
             "low_confidence": self.measurement.low_confidence if self.measurement else None,
+            "whole_epoch": self.measurement.whole_epoch if self.measurement else None,
             "measurement": self.measurement.to_dict() if self.measurement else None,
             "resources": self.resources.to_dict() if self.resources else None,
             "wall_s": self.wall_s,
@@ -299,7 +300,9 @@ class BaseRunner:
         raise NotImplementedError
 
 
-def window_for(config: Config, *, window_s: float, min_warmup: int = 2) -> WindowSpec:
+def window_for(
+    config: Config, *, window_s: float, min_warmup: int = 2, whole_epoch: bool = False
+) -> WindowSpec:
     """A window after a warm-up of one round of the workers (a batch from each) and one more,
     or sooner when the buffer is found empty after every worker has delivered a batch; it holds
     whole rounds of the workers, at least one.
@@ -312,8 +315,19 @@ def window_for(config: Config, *, window_s: float, min_warmup: int = 2) -> Windo
     window after 120 batches either way, inside the rounds' spread. Shorter is biased: with 3
     workers on 2 CPUs and a step that computes (``--workers 3 --busy --rounds 5``), a warm-up of
     one batch measured 0.86, 0.86 and 0.95 of the reference (the first round, made while every
-    worker started at once, is slow); one round measured 0.96 to 1.03."""
+    worker started at once, is slow); one round measured 0.96 to 1.03.
+
+    ``whole_epoch``: the window is an epoch, start to end, expected to take ``window_s``
+    (:class:`~loadertune.measure.window.WindowSpec`)."""
     workers = config.num_workers
+    if whole_epoch:
+        return WindowSpec(
+            warmup_batches=0,
+            window_s=window_s,
+            round_batches=max(1, workers),
+            min_window_batches=1,
+            whole_epoch=True,
+        )
     return WindowSpec(
         warmup_batches=max(min_warmup, workers + 1),
         window_s=window_s,

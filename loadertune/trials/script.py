@@ -175,6 +175,7 @@ class ScriptRunner(BaseRunner):
             "overrides": config.loader_kwargs() if config else None,
             "phase": request.phase,
             "window_s": request.window.window_s,
+            "whole_epoch": request.window.whole_epoch,
             "hang_s": request.limits.hang_s,
         }
 

@@ -79,6 +79,16 @@ class EpochOrder:
         limit = self._limit()
         return limit is not None and self.given >= limit
 
+    def has_left(self, n: int) -> bool:
+        """The epoch may give the script ``n`` more units. Known from the source's length when
+        it has one: taking units early could move the sampler's draws of the RNG before a
+        segment's (its workers' seed), and the epoch would not be the one iterating gives."""
+        if self.full():
+            return False
+        if self.length is not None:
+            return self.length - self.position >= n
+        return self.position == 0 or len(self.take(self.position, n)) >= n
+
     def counted(self, batches: Iterator[Any]) -> Iterator[Any]:
         """``batches`` while the epoch may give more, each counted as given (as they are,
         without a limit: nothing to count then)."""

@@ -94,7 +94,9 @@ class ChannelConductor:
         dl.reset_cuda_peaks()  # each trial's peak is its own
         self.step = Step(
             config,
-            window_for(config, window_s=spec["window_s"]),
+            window_for(
+                config, window_s=spec["window_s"], whole_epoch=spec.get("whole_epoch", False)
+            ),
             phase=spec["phase"],
             sink=self._make_sink(),
             hang_s=spec["hang_s"],
