@@ -158,7 +158,9 @@ def test_search_finds_the_optimum_region(tmp_path, hw) -> None:
     assert outcome.values[outcome.winner] >= 0.95 * 6000
     assert outcome.confirmation is not None and not outcome.confirmation.within_noise
     phases = [p for p, _ in runner.log]
-    assert phases[:3] == ["baseline", "probe", "replay"]  # the baseline is w=0: the probe adds w=1
+    # the baseline is w=0: the probe adds w=1, after the replay (a short epoch's whole-epoch
+    # trials then follow one another from an epoch's start)
+    assert phases[:3] == ["baseline", "replay", "probe"]
     assert outcome.stop_reason in {"no_improvement", "at_ceiling", "space_exhausted", "budget"}
 
 
@@ -388,7 +390,7 @@ def _search(runner: FakeRunner, s: SearchSettings, hw: Hardware, workers: int = 
 def test_a_search_interrupted_during_the_probe_keeps_its_finished_trials(
     tmp_path, hw, after: int
 ) -> None:
-    """Issue 14: Ctrl-C after the baseline (and the num_workers=1 probe): the resumed search runs
+    """Issue 14: Ctrl-C after the baseline (and the replay): the resumed search runs
     only what the probe still misses, its kept trials are read back from the study whole, and
     they become the study's trials once the probe is done."""
     s = settings(tmp_path, study_name="probe-cut", n_trials=4)
@@ -400,11 +402,15 @@ def test_a_search_interrupted_during_the_probe_keeps_its_finished_trials(
     outcome = _search(runner, s, hw)
     assert outcome.n_previous_trials == after
     ran = [phase for phase, _ in runner.log]
-    assert "baseline" not in ran and ran.count("probe") == 2 - after and "replay" in ran
+    opening = ["baseline", "replay", "probe"]  # the num_workers=1 probe comes last
+    assert [phase for phase in ran if phase in opening] == opening[after:]
     kept = [t for t in outcome.trials if t.kept]
     assert [(t.phase, t.config) for t in kept] == first.log
+    assert all(t.measurement for t in kept)
     assert all(
-        t.measurement and t.measurement.samples_per_s == io_landscape(t.config) for t in kept
+        t.measurement.samples_per_s == io_landscape(t.config)  # type: ignore[union-attr]
+        for t in kept
+        if t.phase != "replay"  # (it measures the step alone)
     )
     assert kept[0].wall_s == first.cost_s and kept[0].resources == ResourceUsage(
         cpu_percent_main=50.0, worker_pss_bytes=50 * 2**20
@@ -442,10 +448,10 @@ def test_ctrl_c_in_the_middle_of_a_study_write_waits_for_its_end(tmp_path, hw, m
 
 def test_a_search_interrupted_between_its_two_replays_runs_the_second_only(tmp_path, hw) -> None:
     s = settings(tmp_path, study_name="replay-cut", n_trials=4)
-    first = FakeRunner(io_landscape, interrupt_after=3)  # baseline, w=1, the first replay
+    first = FakeRunner(io_landscape, interrupt_after=2)  # baseline, the first replay
     with pytest.raises(SearchInterrupted):
         Search(first, hardware=hw, baseline=Config(32), batch_sizes=[32, 64], settings=s).run()
-    assert [phase for phase, _ in first.log] == ["baseline", "probe", "replay"]
+    assert [phase for phase, _ in first.log] == ["baseline", "replay"]
     runner = FakeRunner(io_landscape)
     outcome = Search(
         runner, hardware=hw, baseline=Config(32), batch_sizes=[32, 64], settings=s

@@ -206,16 +206,22 @@ class Opening:
             and self.baseline.num_workers == 0
             and self._fits(2 + plan.MIN_EXPLORED)
         )
-        planned = [(one, "probe")] if with_w1 else []
+        planned: list[tuple[Config, str]] = []
         kept = {t.config: t for t in self._kept if t.phase == "replay"}
         first = second = None
-        if w0.ok and self.runner.replays and (kept or self._fits(len(planned) + 1)):
+        if w0.ok and self.runner.replays and (kept or self._fits(int(with_w1) + 1)):
             first = self._replay_batch(w0)
             if Config(first) not in kept:
                 planned.append((Config(first), "replay"))
             second = self._second_replay_batch(w0, first)
-            if second is not None and Config(second) not in kept and self._fits(len(planned) + 2):
+            fits = self._fits(len(planned) + int(with_w1) + 2)
+            if second is not None and Config(second) not in kept and fits:
                 planned.append((Config(second), "replay"))
+        if with_w1:
+            # last: in a short epoch it is measured whole, from the epoch's start, as the
+            # exploration's settings then are; the replays' windows end mid-epoch, and a
+            # whole-epoch trial after one waits for the rest of the epoch
+            planned.append((one, "probe"))
         ran = self._measure_many(planned, go_on=self._kept_one) if planned else []
         w1 = next((r for r in ran if r.phase == "probe"), w1)
         asked = [config for config, phase in planned if phase == "replay"]
