@@ -60,6 +60,7 @@ class FakeRunner(BaseRunner):
         self.interrupt_after = interrupt_after
         self.log: list[tuple[str, Config]] = []
         self.limits: list[tuple[str, Limits]] = []
+        self.windows: list[tuple[str, WindowSpec]] = []
         self.pruned = 0
         # a trial of this phase needs a limit of at least this long (a slow-starting script)
         self.needs_timeout_s = needs_timeout_s
@@ -79,6 +80,7 @@ class FakeRunner(BaseRunner):
             raise KeyboardInterrupt
         self.log.append((phase, config))
         self.limits.append((phase, limits))
+        self.windows.append((phase, window))
         if self.clock is not None:
             self.clock.now += self.cost_s
         else:
@@ -162,6 +164,23 @@ def test_search_finds_the_optimum_region(tmp_path, hw) -> None:
     # trials then follow one another from an epoch's start)
     assert phases[:3] == ["baseline", "replay", "probe"]
     assert outcome.stop_reason in {"no_improvement", "at_ceiling", "space_exhausted", "budget"}
+
+
+@pytest.mark.parametrize("epoch_samples", [4, 100_000])
+def test_an_epoch_as_short_as_a_trial_is_measured_whole(tmp_path, hw, epoch_samples) -> None:
+    """Once the baseline has told the rate: an epoch that takes at most two window trials is
+    measured whole (a replay never is: it repeats one batch); a longer one by windows."""
+    runner = FakeRunner(io_landscape, epoch_samples=epoch_samples)  # trials take 0.01 s
+    Search(
+        runner, hardware=hw, baseline=Config(32), batch_sizes=[32], settings=settings(tmp_path)
+    ).run()
+    whole = {phase for phase, window in runner.windows if window.whole_epoch}
+    assert runner.windows[0][0] == "baseline" and not runner.windows[0][1].whole_epoch
+    if epoch_samples == 4:  # 0.01 s at the baseline's 400 samples/s: half of two trials
+        assert whole == {"probe", "search", "confirm"}
+        assert all(w.warmup_batches == 0 for _, w in runner.windows if w.whole_epoch)
+    else:
+        assert not whole
 
 
 def test_no_setting_is_measured_twice_while_exploring(tmp_path, hw) -> None:
