@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,8 @@ from loadertune.measure.failures import (
     classify_exit,
     classify_text,
 )
+from loadertune.trials import Limits
+from loadertune.trials.supervisor import Supervisor
 from loadertune.units import GIB
 
 # The messages torch 2.x prints (or that its exceptions carry), verbatim.
@@ -459,3 +463,18 @@ def test_real_dataloader_failures() -> None:
         assert "killed by signal" in signal_text, produced[fault]
         assert classify_text(signal_text, where="loader").kind == kind
         assert classify_text(chain, where="loader").kind == kind  # what script mode sends
+
+
+def test_a_rest_between_epochs_may_last_the_limits_rest_s_not_the_hang_limit() -> None:
+    """A whole-epoch trial begun mid-epoch waits for the next epoch, after the loop's own rest
+    (validation): it is allowed ``rest_s``; without it a rest ends the trial at ``hang_s``."""
+
+    for rest_s, fails in ((1.0, False), (None, True)):
+        with Supervisor(os.getpid(), limits=Limits(hang_s=0.05, rest_s=rest_s)) as sup:
+            sup.event("first_batch")
+            sup.event("rest")
+            time.sleep(0.15)
+            failure = sup.expired()
+            assert (failure is not None) == fails, (rest_s, failure)
+            if failure is not None:
+                assert failure.kind == "timeout" and "went unused" in failure.message

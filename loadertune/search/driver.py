@@ -13,6 +13,7 @@ agenda plans from one result would wait for the whole batch.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -136,12 +137,10 @@ class Search:
         )
 
     def _request(self, config: Config | None, phase: str, prunable: bool) -> TrialRequest:
-        return TrialRequest(
-            self._window(config, phase),
-            self._limits(),
-            phase,
-            self._prune_rule if prunable else None,
-        )
+        window, limits = self._window(config, phase), self._limits()
+        if window.whole_epoch:  # it may wait out the loop's rest (validation) after an epoch
+            limits = dataclasses.replace(limits, rest_s=limits.startup_s)
+        return TrialRequest(window, limits, phase, self._prune_rule if prunable else None)
 
     def _measure(self, config: Config | None, phase: str, *, prunable: bool = False) -> TrialResult:
         """Run one trial (``config=None``: the workload's own settings) and learn from it."""

@@ -38,12 +38,16 @@ class Limits:
         startup_s: from start to the first batch (worker start-up, script import, CUDA init).
         hang_s: with no sign of progress after the first batch.
         memory_budget_bytes: PSS of the process tree; None for no limit.
+        rest_s: how long the loader may rest between two of its epochs in a trial (the loop
+            is elsewhere: validation); None: ``hang_s``. A whole-epoch trial begun mid-epoch
+            always waits for the next epoch, which comes after such a rest.
     """
 
     timeout_s: float = 60.0
     startup_s: float = 30.0
     hang_s: float = 10.0
     memory_budget_bytes: int | None = None
+    rest_s: float | None = None
 
 
 @dataclass

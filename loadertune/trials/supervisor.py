@@ -26,9 +26,10 @@ class Supervisor:
     the trial and record that failure.
 
     A loader whose epoch ended inside the window (the meter's ``rest``) and is not iterated
-    again within ``limits.hang_s`` ends the trial as :func:`~loadertune.measure.failures.rested`
-    (a trial cannot wait for a loader used that seldom), unless ``rests_fail`` is False: a real
-    training run (:mod:`loadertune.trials.live`) is not stopped for its validation.
+    again within ``limits.rest_s`` (``hang_s`` unless set) ends the trial as
+    :func:`~loadertune.measure.failures.rested` (a trial cannot wait for a loader used that
+    seldom), unless ``rests_fail`` is False: a real training run
+    (:mod:`loadertune.trials.live`) is not stopped for its validation.
     """
 
     def __init__(
@@ -132,10 +133,11 @@ class Supervisor:
                 "workers did not start or the first batch hung",
                 failures.HANG_ADVICE,
             )
-        if self.resting_since is not None and now - self.resting_since > lim.hang_s:
-            if self.rests_fail:
-                return failures.rested(lim.hang_s, self.loader_name)
-            return None  # a real run's loop is elsewhere (validation): the trial waits for it
+        if self.resting_since is not None:  # the loop is elsewhere (validation)
+            rest_s = lim.hang_s if lim.rest_s is None else lim.rest_s
+            if self.rests_fail and now - self.resting_since > rest_s:
+                return failures.rested(rest_s, self.loader_name)
+            return None  # a real run's trial waits for it; a trial's, up to rest_s
         if self.started and now - self.last_sign > lim.hang_s:
             return failures.hang(lim.hang_s)
         return None
