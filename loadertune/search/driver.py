@@ -115,7 +115,9 @@ class Search:
         return index >= 1 and running < self.settings.prune_ratio * best
 
     def _window(self, config: Config | None, phase: str = "search") -> WindowSpec:
-        epoch_s = None if phase == "replay" else self._short_epoch_s()
+        # The opening's replay (one batch again and again) and probe (its steady rate per
+        # sample: the estimates' input) are windows; the settings the search ranks, whole epochs.
+        epoch_s = None if phase in ("replay", "probe") else self._short_epoch_s()
         if epoch_s is not None:
             return window_for(config or Config(1), window_s=epoch_s, whole_epoch=True)
         # In-process loading has no buffer to drain: one batch of warm-up after the first.

@@ -218,9 +218,6 @@ class Opening:
             if second is not None and Config(second) not in kept and fits:
                 planned.append((Config(second), "replay"))
         if with_w1:
-            # last: in a short epoch it is measured whole, from the epoch's start, as the
-            # exploration's settings then are; the replays' windows end mid-epoch, and a
-            # whole-epoch trial after one waits for the rest of the epoch
             planned.append((one, "probe"))
         ran = self._measure_many(planned, go_on=self._kept_one) if planned else []
         w1 = next((r for r in ran if r.phase == "probe"), w1)
