@@ -301,10 +301,20 @@ class Search:
         self, log: StudyLog, space: SearchSpace, *, baseline_only: bool = False
     ) -> Confirmation | None:
         finalists = [] if baseline_only else self._finalists()
-        configs = list(dict.fromkeys([*finalists, self.baseline]))
         wall, walls = self._typical_wall(), self.ledger.walls()
-        round_s = sum(max(wall, walls.get(c, 0.0)) for c in configs)  # a slow baseline's own
-        rounds = min(self.settings.confirm_rounds, int(self._remaining() // max(round_s, 1e-9)))
+
+        def round_s(finalists: list[Config]) -> float:  # a slow baseline's own time counts
+            configs = dict.fromkeys([*finalists, self.baseline])
+            return sum(max(wall, walls.get(c, 0.0)) for c in configs)
+
+        # When a round of every finalist does not fit, the last ones (the least promising)
+        # are left out, rather than the confirmation: one lucky figure must not decide.
+        while len(finalists) > 1 and round_s(finalists) > self._remaining():
+            finalists = finalists[:-1]
+        rounds = min(
+            self.settings.confirm_rounds,
+            int(self._remaining() // max(round_s(finalists), 1e-9)),
+        )
         # The winner must have figures from this run: a resumed search's leader measured only
         # in an earlier run is measured once even past the deadline.
         unmeasured = bool(finalists) and not any(
