@@ -20,7 +20,9 @@ class SearchSettings:
         window_s: measured window per trial (None: budget_s / 80, within 0.5..3 s: short
             windows, so that more settings and more confirmation rounds fit; the rounds, not the
             window's length, average out a shared machine's drift. budget_s / 40 on a ``live``
-            run, which trains through its trials: fewer, longer ones cost it less).
+            run, which trains through its trials: fewer, longer ones cost it less). An epoch
+            that takes at most two window trials is measured whole instead
+            (:func:`loadertune.search.limits.short_epoch_s`).
         startup_timeout_s: how long the first trial may take to reach its first batch (a
             script's imports, dataset and model set-up); later trials get a limit from it.
         max_workers: the user's cap on ``num_workers`` (None: derived from the machine).
