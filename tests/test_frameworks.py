@@ -92,6 +92,8 @@ def check_trials_ran_their_settings(entry: dict, tmp_path: Path, *, val_batch: i
             continue
         for ran in trial["ran"].get("ranks") or [trial["ran"]]:  # each rank of a torchrun trial
             per_pid[ran["pid"]].append(trial["params"])
+            for pid in ran.get("cut_short_pids", []):  # the script ended its first try there
+                per_pid[pid].append(trial["params"])
     # A failed trial does not say which process it ran in: any process may have made its batches.
     unattributed = any(
         not t.get("ran") and t["phase"] != "replay" and t["status"] == "failed"

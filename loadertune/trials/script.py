@@ -154,7 +154,12 @@ class ScriptRunner(BaseRunner):
             # The script ran out of epochs before this setting's window was full (it ran others
             # before in this launch): not its fault, and a few batches right after the workers
             # started, as many as the buffer held, would measure a burst, not the rate.
-            return self._trial(config, request)
+            pid = (result.extra.get("ran") or {}).get("pid", launch.proc.pid)
+            again = self._trial(config, request)
+            ran = again.extra.get("ran")
+            if ran is not None:  # where else this setting ran: its batches are there too
+                ran["cut_short_pids"] = [*ran.get("cut_short_pids", []), pid]
+            return again
         if result.failure is not None:
             result.failure = sup.explain(result.failure, output=tail(launch.log))
             result.resources = result.resources or sup.usage_so_far()
