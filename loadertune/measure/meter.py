@@ -247,10 +247,7 @@ class Meter:
             self._w_blocked += waited
             if self._measure_cpu:
                 self._w_blocked_cpu += time.thread_time() - c0
-            n = self._count(batch, index)
-            self._w_samples += n
-            self._sub_samples += n
-            self._w_batches += 1
+            self._window_holds(batch, index)
         elif phase == _WARMUP:
             self._warmup_left -= 1
             if not self._to_next_epoch and (
@@ -267,11 +264,15 @@ class Meter:
                 # The first batch's step is the epoch's too, and its slowest (the workers are
                 # all busy filling the buffer): the window holds it.
                 self._open_window(t1)
-                n = self._count(batch, index)
-                self._w_samples += n
-                self._sub_samples += n
-                self._w_batches += 1
+                self._window_holds(batch, index)
         return batch
+
+    def _window_holds(self, batch: Any, index: int) -> None:
+        """Count ``batch`` (the ``index``-th of its epoch) in the window."""
+        n = self._count(batch, index)
+        self._w_samples += n
+        self._sub_samples += n
+        self._w_batches += 1
 
     def _epoch_ended(self, t0: float) -> None:
         """The loop's ``next()`` at ``t0`` found the epoch over."""
