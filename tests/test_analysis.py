@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch.utils.data import Dataset
@@ -234,6 +236,19 @@ def test_no_early_stop_when_the_loader_keeps_up_by_slowing_the_step() -> None:
     assert loader_keeps_up(base, _estimates(consumer=1500.0)) is False
     assert loader_keeps_up(None, _estimates(consumer=1500.0)) is False
     assert loader_keeps_up(base, None) is False
+
+
+def test_no_early_stop_when_workers_started_at_every_epoch_cost_the_epoch_its_time() -> None:
+    """Steady, the loop never waits; but each epoch of 2,000 samples (2 s at the step's rate)
+    first waits 2 s for its workers to start: persistent workers would double the epoch's
+    rate, which the blocked fraction of a steady window never shows."""
+    base = dataclasses.replace(_baseline(1000.0, 0.01, [1000.0] * 4), epoch_samples=2000)
+    assert base.measurement is not None
+    base.measurement.first_batch_s = 2.0
+    assert base.epoch_samples_per_s == pytest.approx(500.0)
+    assert loader_keeps_up(base, _estimates(consumer=1050.0)) is False
+    base.measurement.first_batch_s = 0.01  # a start that costs the epoch nothing: stop
+    assert loader_keeps_up(base, _estimates(consumer=1050.0)) is True
 
 
 @pytest.mark.slow

@@ -297,6 +297,21 @@ def test_seed_configs_cap_workers_at_max() -> None:
     assert max(s.num_workers for s in seeds) == 3
 
 
+def test_seed_configs_lead_with_the_batch_size_whose_workers_fit_the_shared_memory() -> None:
+    """Every batch size reaches the same ceilings; but more than 2 batches of 256 one-MiB samples in
+    flight would overflow the shared-memory budget, where a batch of 16 gets every worker it
+    needs. The first trial goes where the workers fit, not to the user's large batch."""
+    space = SearchSpace(
+        batch_sizes=(16, 256),
+        max_workers=16,
+        bytes_per_sample=2.0**20,
+        max_in_flight_bytes=600.0 * 2**20,
+    )
+    seeds = seed_configs(_estimates(8), space, batch_size=256, epoch_length_known=True)
+    assert seeds[0].batch_size == 16 and seeds[0].num_workers > 1
+    assert all(s.num_workers <= 2 for s in seeds if s.batch_size == 256)
+
+
 def test_seed_configs_without_workers() -> None:
     space = SearchSpace(batch_sizes=(32, 64), max_workers=0)
     seeds = seed_configs(_estimates(4), space, batch_size=64, epoch_length_known=True)

@@ -253,6 +253,17 @@ def _workers_to_try(est: Estimates, space: SearchSpace) -> tuple[int, int]:
     return need, (round(math.sqrt(floor * need)) if need > 2 * floor else need)
 
 
+def _rate_in_space(est: Estimates, space: SearchSpace, batch_size: int) -> float:
+    """The rate predicted at ``batch_size`` with the workers the space lets it have: batches
+    in flight must fit the shared-memory budget, so a large batch of large samples may get one
+    worker (or none) where a small one gets all it needs. Its ceilings alone would rank the
+    large batch first and spend the search's first trials there."""
+    at = est.at(batch_size)
+    need = min(at.workers_needed(), space.max_workers)
+    fits = need and space.nearest(Config(batch_size, need, min(space.prefetch_factors))).num_workers
+    return max(at.predicted_samples_per_s(0), at.predicted_samples_per_s(fits) if fits else 0.0)
+
+
 def _batch_order(
     est: Estimates, space: SearchSpace, user: int, window_s: float | None = None
 ) -> list[int]:
@@ -262,7 +273,7 @@ def _batch_order(
     rate: a trial receives at least four such batches in its window, and more before it, so
     where every batch takes seconds, exploring at the largest left time for two or three
     trials), then the user's, then the smaller (their trials cost less)."""
-    rate = {bs: est.at(bs).achievable for bs in space.batch_sizes}
+    rate = {bs: _rate_in_space(est, space, bs) for bs in space.batch_sizes}
     top = max(rate.values())
 
     def rank(bs: int) -> tuple[bool, float, bool, bool, int]:

@@ -35,13 +35,15 @@ def loader_keeps_up(baseline: TrialResult | None, est: Estimates | None) -> bool
     """The baseline is compute-bound and the loader keeps up: tuning the loader cannot help.
 
     Its loop almost never waits for data (see :func:`bottleneck`), and it runs at (nearly) the
-    step's own rate with the data in memory. The second test catches workers that keep up by
-    stealing the step's CPUs.
+    step's own rate with the data in memory, over a whole epoch. The second test catches workers
+    that keep up by stealing the step's CPUs, and workers that keep up once started but are
+    started again at every epoch: a short epoch can spend most of its time waiting for them,
+    which the blocked fraction of a steady window never shows (``persistent_workers`` helps).
     """
     if baseline is None or not baseline.ok or baseline.measurement is None or est is None:
         return False
     m = baseline.measurement
     return (
         bottleneck(m.blocked_fraction, m.spread) == "compute"
-        and (baseline.samples_per_s or 0.0) >= 0.85 * est.consumer_ceiling
+        and (baseline.epoch_samples_per_s or 0.0) >= 0.85 * est.consumer_ceiling
     )
