@@ -129,6 +129,37 @@ def test_the_true_best_beats_every_setting_of_its_grid(sim) -> None:
                 assert sim.epoch_rate(w, c) <= best * (1 + 1e-9)
 
 
+def test_the_oracle_compares_the_best_with_its_closest_rival_below_the_bar(sim) -> None:
+    """The rival is the fastest setting below 0.95 of the best; without noise the oracle never
+    picks it, with this workload's noise it sometimes does (scored at the rival's ratio)."""
+    saved = sim.OUTLIER_P
+    picked_rival = compared = 0
+    try:
+        for index in range(6):
+            w = sim.draw_workload(13, index)
+            best, _ = sim.grid_best(w, sim.true_grid(w), "inline")
+            rival, config = sim.grid_best(w, sim.true_grid(w), "inline", below=0.95 * best)
+            assert rival < 0.95 * best
+            if rival == 0:  # every setting that runs is within 0.95 of the best: no rival
+                assert sim.run_oracle(w, "inline", seed=13, budget_s=20.0) is None
+                continue
+            assert sim.epoch_rate(w, config) == pytest.approx(rival)
+            compared += 1
+            ratio = sim.run_oracle(w, "inline", seed=13, budget_s=20.0)
+            assert ratio in (None, 1.0, pytest.approx(rival / best))
+            sim.OUTLIER_P = 0.0
+            quiet = sim.dataclasses.replace(w, noise_sigma=0.0, sub_sigma=0.0)
+            assert sim.run_oracle(quiet, "inline", seed=13, budget_s=20.0) in (None, 1.0)
+            sim.OUTLIER_P = saved
+            noisy = sim.dataclasses.replace(w, noise_sigma=0.3)
+            for seed in range(5):
+                picked_rival += (sim.run_oracle(noisy, "inline", seed=seed, budget_s=5.0) or 1) < 1
+    finally:
+        sim.OUTLIER_P = saved
+    assert compared >= 3
+    assert picked_rival > 0  # 30% noise and a 5 s budget: not every comparison comes out right
+
+
 def test_a_live_tuning_is_scored_against_the_run_s_own_setting(sim) -> None:
     """The live mode runs the real driver without replays at the run's own batch size, and
     its cost shrinks as the run grows (the tuning's seconds are a fixed part of it)."""
