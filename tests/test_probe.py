@@ -422,7 +422,11 @@ def test_seeds_at_a_larger_batch_get_the_workers_its_faster_step_needs() -> None
     user's 32 with fewer."""
     est = _two_replays(fixed_s=0.02, per_sample_s=1e-5)
     space = SearchSpace(batch_sizes=(32, 128, 512), max_workers=64, limits={"cpu": 64})
-    seeds = seed_configs(est, space, batch_size=32, epoch_length_known=False)
+    seeds = [
+        c
+        for c in seed_configs(est, space, batch_size=32, epoch_length_known=False)
+        if c.num_workers
+    ]
     assert [c.batch_size for c in seeds[:3]] == [512, 128, 32], seeds
     assert seeds[0].num_workers > 3 * seeds[2].num_workers, seeds
 
@@ -432,7 +436,8 @@ def test_seeds_start_at_the_users_batch_when_no_batch_size_is_predicted_faster()
     user's batch first, then the others from the smallest (the cheapest trials)."""
     space = SearchSpace(batch_sizes=(16, 64, 256), max_workers=3, limits={"cpu": 3})
     seeds = seed_configs(_cpu_bound(), space, batch_size=64, epoch_length_known=False)
-    assert [c.batch_size for c in seeds[:3]] == [64, 16, 256], seeds
+    with_workers = [c for c in seeds if c.num_workers]
+    assert [c.batch_size for c in with_workers[:3]] == [64, 16, 256], seeds
 
 
 def test_a_tied_batch_size_whose_batches_outlast_the_window_is_explored_after_the_others() -> None:
@@ -446,5 +451,22 @@ def test_a_tied_batch_size_whose_batches_outlast_the_window_is_explored_after_th
     slow = 0.9 * 4 * 256 / rate  # a window in which a batch of 256 takes more than a quarter
     seeds = seed_configs(est, space, batch_size=256, epoch_length_known=False, window_s=slow)
     assert [c.batch_size for c in seeds[:3]] == [16, 64, 256], seeds
+    # ... and loading in-process at 256, slower still, after every other batch size
+    assert seeds.index(Config(256)) > seeds.index(Config(64, 2, 2)), seeds
     seeds = seed_configs(est, space, batch_size=256, epoch_length_known=False, window_s=60.0)
-    assert [c.batch_size for c in seeds[:3]] == [256, 16, 64], seeds
+    assert [c.batch_size for c in seeds[:3] if c.num_workers] == [256, 16], seeds
+    assert seeds[1] == Config(256), seeds
+
+
+def test_loading_in_process_at_the_largest_batch_is_seeded_unless_loading_waits_on_io() -> None:
+    """The probe measured loading in-process at one batch size; a larger batch spreads the
+    fetch's fixed part thinner, which its per-sample figure cannot tell: that setting is tried
+    second. Loading that waits on I/O is not tried without workers."""
+    space = SearchSpace(batch_sizes=(32, 256), max_workers=3, limits={"cpu": 3})
+    seeds = seed_configs(_cpu_bound(), space, batch_size=32, epoch_length_known=False)
+    assert seeds[1] == Config(256), seeds
+    seeds = seed_configs(_sleep_bound(), space, batch_size=32, epoch_length_known=False)
+    assert all(c.num_workers for c in seeds), seeds
+    one = SearchSpace(batch_sizes=(32,), max_workers=3, limits={"cpu": 3})
+    seeds = seed_configs(_cpu_bound(), one, batch_size=32, epoch_length_known=False)
+    assert all(c.num_workers for c in seeds), seeds  # the probe measured it already

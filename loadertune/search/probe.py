@@ -295,8 +295,9 @@ def seed_configs(
 ) -> list[Config]:
     """The settings to try first, most promising first, all inside ``space``: the estimated
     workers at the most promising batch size (see :func:`_batch_order`: the fastest predicted;
-    of a tie, the user's ``batch_size`` unless its batches are slow for ``window_s``), each
-    other batch size once, then neighbours.
+    of a tie, the user's ``batch_size`` unless its batches are slow for ``window_s``), loading
+    in-process at the largest batch (unless loading waits on I/O), each other batch size once,
+    then neighbours.
     ``limit`` defaults to the number of batch sizes + 5."""
     if limit is None:
         limit = len(space.batch_sizes) + 5
@@ -322,10 +323,25 @@ def seed_configs(
             if w >= 1
         ]
     wanted.append(variants[0])
+    # Loading in the loop's own process at the largest batch: the probe measured it at one batch
+    # size and takes its cost per sample to hold at every other, but a batch also costs the
+    # fetch a fixed part (the sampler, collate, the call itself) that a larger batch spreads
+    # thinner, without the workers' hand-over. Rows of an in-memory tensor ran twice as fast
+    # at batch 256 in-process as with any number of workers, a setting no seed had tried
+    # (`scripts/bench_tuner.py`, rows_batch_sizes). Loading that waits on I/O needs workers;
+    # where such a batch takes long beside the window (see _batch_order), it comes last.
+    in_process = []
+    if not est.io_bound and len(space.batch_sizes) > 1:
+        largest = max(space.batch_sizes)
+        rate = est.at(largest).predicted_samples_per_s(0)
+        costly = window_s is not None and rate > 0 and largest / rate > window_s / 4
+        in_process = [(costly, Config(largest, 0, None, pin))]
+    wanted += [c for costly, c in in_process if not costly]
     # Every other batch size once, at the workers it needs (its step's rate is its own).
     for bs in others:
         w = _workers_to_try(est.at(bs), space)[1] if space.max_workers and need else 0
         wanted.append(Config(bs, w, 2 if w else None, pin, persist and w > 0))
+    wanted += [c for costly, c in in_process if costly]
     wanted.extend(variants[1:])
     seeds: list[Config] = []
     for config in wanted:
