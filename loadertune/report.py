@@ -207,6 +207,8 @@ _STAGE_NAMES = {
     "handing batches over from workers here",
 }
 
+CEILING_EXCEEDED = 105.0  # percent of the estimated ceiling beyond which noise does not explain it
+
 # Why the exploration stopped (``search.stop_reason``), in words; "at_ceiling" is said with
 # its figures by _stop_words.
 _STOP_REASONS = {
@@ -275,7 +277,15 @@ def summary_lines(rec: Recommendation | Mapping[str, Any]) -> list[str]:
             f"{_STAGE_NAMES.get(stage, stage or 'an unknown stage')})"
         )
         percent = diag.get("percent_of_ceiling")
-        if percent is not None:
+        if percent is not None and percent > CEILING_EXCEEDED:
+            # The estimate is built from the probe's per-sample figures at one batch size and
+            # worker count; a winner elsewhere (in-process at a larger batch, whose fixed fetch
+            # cost a batch spreads thinner) can beat it. Then it bounds nothing.
+            line += (
+                f"; the winner's median rate is {percent:.0f}% of it: the probe's figures do "
+                "not hold for the winner's setting, so this is no bound"
+            )
+        elif percent is not None:
             line += f"; the winner's median rate reaches {percent:.0f}% of it"
         lines.append(line)
     at_bs = entry.get("best_at_batch_size")

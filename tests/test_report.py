@@ -294,6 +294,18 @@ def test_the_summary_is_total_over_missing_figures() -> None:
     assert "use: DataLoader(dataset, **" in console.export_text()
 
 
+def test_a_winner_far_above_the_estimated_ceiling_is_not_said_to_reach_it() -> None:
+    """The estimate rests on the probe's per-sample figures at one batch size: in-process
+    loading at a larger batch (bench_tuner's rows_batch_sizes: 326%) beats it, and the summary
+    says the estimate bounds nothing there rather than "reaches 326% of it"."""
+    rec = _bare_recommendation()
+    rec.diagnosis["percent_of_ceiling"] = 326.0
+    line = summary_lines(rec)[0]
+    assert "326% of it" in line and "no bound" in line and "reaches" not in line
+    rec.diagnosis["percent_of_ceiling"] = 103.0  # within the noise of an upper bound
+    assert summary_lines(rec)[0].endswith("reaches 103% of it")
+
+
 def test_the_summary_survives_an_empty_diagnosis() -> None:
     rec = _recommendation(diagnosis={}, best_at_batch_size={"samples_per_s": 1.0}, search={})
     assert summary_lines(rec)[-1].endswith("stopped: unknown")
