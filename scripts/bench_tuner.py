@@ -23,14 +23,13 @@ noisy: only ratios within one run are compared.
 How long: per workload, the tuner's 60 s; a grid of 25 settings (CPU-bound loading, one batch
 size) to about 105 (I/O waits, or four batch sizes), each 2-4 s, or 5-10 s with dozens of
 workers (their start-up, and a warm-up that drains ``num_workers x prefetch_factor`` batches);
-and 5 rounds of up to 6 settings, about 2 minutes. Estimated from the grid sizes and per-setting
-times of ``--quick`` runs on the 2-CPU machine: 70-90 minutes for all ten workloads (more when
-a probe on the busy machine takes loading for I/O-bound and widens the worker range), of which
-``io_latency_5ms`` alone takes about 15. ``--quick`` is a smoke test (a 15 s budget, 8 grid
-settings plus a few around the best, one round of 0.5 s): about a minute a workload, 10 minutes
-for all ten; its figures mean nothing.
+and 5 rounds of up to 6 settings, about 2 minutes. The full run of all ten workloads took 39
+minutes on the 2-CPU machine (more when a probe on a busy machine takes loading for I/O-bound
+and widens the worker range), of which ``io_latency_5ms`` took about 8 (its grid alone 320 s).
+``--quick`` is a smoke test (a 15 s budget, 8 grid settings plus a few around the best, one
+round of 0.5 s): about a minute a workload, 10 minutes for all ten; its figures mean nothing.
 
-    python scripts/bench_tuner.py                      # all workloads, 70-90 minutes
+    python scripts/bench_tuner.py                      # all workloads, about 40 minutes
     python scripts/bench_tuner.py --workloads tiny_tensors,io_latency --budget 60
     python scripts/bench_tuner.py --quick --workloads python_dicts     # does it run?
 """
