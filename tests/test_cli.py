@@ -308,7 +308,9 @@ def _start_and_wait(
     n_complete: int = 3,
     preexec_fn: Callable[[], object] | None = None,
 ) -> subprocess.Popen[str]:
-    """Start `loadertune ARGS` and return once its study holds ``n_complete`` finished trials."""
+    """Start `loadertune ARGS` and return once its study holds ``n_complete`` finished trials
+    (complete or pruned: a search whose every exploration trial is pruned, a loader whose
+    workers only slow it, holds none complete until its confirmation, at its very end)."""
     import optuna
 
     proc = subprocess.Popen(
@@ -326,7 +328,7 @@ def _start_and_wait(
             study = optuna.load_study(study_name=study_name, storage=storage)
         except KeyError:
             continue
-        if sum(t.state.name == "COMPLETE" for t in study.trials) >= n_complete:
+        if sum(t.state.name in ("COMPLETE", "PRUNED") for t in study.trials) >= n_complete:
             break
     return proc
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -11,10 +12,16 @@ import pytest
 
 from loadertune.config import Config
 from loadertune.errors import ConfigError
+from loadertune.measure.meter import Measurement, WindowSpec
 from loadertune.measure.resources import tree_pss
 from loadertune.trials import Limits, window_for
 from loadertune.trials.messages import Message
-from loadertune.trials.script import ScriptRunner, check_script, kill_group
+from loadertune.trials.script import (
+    ScriptRunner,
+    _enough_without_workers,
+    check_script,
+    kill_group,
+)
 from loadertune.units import MIB
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -213,7 +220,9 @@ def test_a_script_that_sized_a_schedule_by_its_loader_never_gets_more_batches_pe
     more batches, or the scheduler raises at the step past its last. Before, the replay ended
     the search with "fix the script" (the scheduler's ValueError)."""
     out = tmp_path / "epochs.jsonl"
-    runner = ScriptRunner(SCRIPTS / "one_cycle.py", [str(out), "200"])
+    # 2000 epochs of 30 batches: the replay's tiny step ran out 200 of them (6,000 batches) in
+    # its 0.3 s window here, and the search trials then needed a launch of their own.
+    runner = ScriptRunner(SCRIPTS / "one_cycle.py", [str(out), "2000"])
     limits = Limits(timeout_s=60, startup_s=30, hang_s=5)
     trials = [
         (None, "baseline"),
@@ -238,6 +247,36 @@ def test_a_script_that_sized_a_schedule_by_its_loader_never_gets_more_batches_pe
     assert all(e["batches"] <= 30 for e in epochs), [e["batches"] for e in epochs]
     # at batch size 4 an epoch holds 120 batches: it ended after 30
     assert any(len(e["samples"]) < 480 for e in epochs), "no epoch ran at a smaller batch size"
+
+
+@pytest.mark.parametrize(
+    ("config", "batches", "window_s", "whole_epoch", "enough"),
+    [
+        (Config(16), 6000, 0.3, False, True),  # a replay that ran the script out: its figure
+        (Config(16), 3, 0.3, False, False),  # fewer batches than a window's minimum
+        (Config(16), 600, 0.01, False, False),  # a sliver of the window's time
+        (Config(16, 2, 2), 6000, 0.3, False, False),  # workers: the buffer's burst
+        (None, 6000, 0.3, False, False),  # the script's own: its workers unknown
+        (Config(16), 6000, 0.3, True, False),  # an epoch cut short is no epoch
+    ],
+)
+def test_a_window_cut_short_is_kept_only_without_workers_and_with_enough_of_it(
+    config: Config | None, batches: int, window_s: float, whole_epoch: bool, enough: bool
+) -> None:
+    window = WindowSpec(warmup_batches=0 if whole_epoch else 2, window_s=0.3)
+    window = dataclasses.replace(window, whole_epoch=whole_epoch)
+    m = Measurement(
+        samples_per_s=1000.0,
+        sub_window_samples_per_s=[1000.0],
+        blocked_fraction=0.0,
+        first_batch_s=0.0,
+        warmup_s=0.0,
+        window_s=window_s,
+        n_samples=16 * batches,
+        n_batches=batches,
+        complete=False,
+    )
+    assert _enough_without_workers(config, window, m) is enough
 
 
 def test_a_window_the_scripts_end_cut_short_is_measured_again_in_a_fresh_launch(

@@ -341,8 +341,9 @@ def test_n_trials_caps_the_settings_measured(tmp_path, hw) -> None:
 
 
 def test_a_compute_bound_baseline_stops_early(tmp_path, hw) -> None:
-    """The baseline never waits for data and runs at the consumer's rate: nothing to gain."""
-    runner = FakeRunner(lambda c: 1e6)
+    """The baseline never waits for data and runs at the consumer's rate, over an epoch long
+    beside its workers' start (0.05 s of 10 s): nothing to gain."""
+    runner = FakeRunner(lambda c: 1e6, epoch_samples=10_000_000)
 
     def run(config, **kw):  # the baseline and everything else: compute-bound
         result = FakeRunner.run(runner, config, **kw)
@@ -361,6 +362,31 @@ def test_a_compute_bound_baseline_stops_early(tmp_path, hw) -> None:
     assert outcome.stop_reason == "compute_bound"
     assert not [c for p, c in runner.log if p == "search"]
     assert outcome.winner == Config(32, 2, 2)
+
+
+def test_a_baseline_that_keeps_up_but_restarts_its_workers_every_epoch_is_explored(
+    tmp_path, hw
+) -> None:
+    """Steady, it never waits; but each 0.1 s epoch first waits 0.05 s for its workers to
+    start: persistent workers are worth a third of the epoch, so the search goes on."""
+    runner = FakeRunner(lambda c: 1e6, epoch_samples=100_000)
+
+    def run(config, **kw):
+        result = FakeRunner.run(runner, config, **kw)
+        if result.measurement is not None:
+            result.measurement.blocked_fraction = 0.01
+        return result
+
+    runner.run = run  # type: ignore[method-assign]
+    outcome = Search(
+        runner,
+        hardware=hw,
+        baseline=Config(32, 2, 2),
+        batch_sizes=[32],
+        settings=settings(tmp_path),
+    ).run()
+    assert outcome.stop_reason != "compute_bound"
+    assert any(p == "search" for p, _ in runner.log)
 
 
 def test_a_user_bug_stops_the_search(tmp_path, hw) -> None:
