@@ -18,7 +18,7 @@ from loadertune.hardware import Hardware, detect
 from loadertune.measure.failures import Failure
 from loadertune.measure.meter import Measurement, WindowSpec
 from loadertune.measure.resources import ResourceUsage
-from loadertune.search import Search, SearchSettings, dominated
+from loadertune.search import Search, SearchOutcome, SearchSettings, dominated
 from loadertune.search import driver as driver_module
 from loadertune.trials import Limits, ShouldStop, TrialResult
 from loadertune.trials.runner import BaseRunner
@@ -340,10 +340,10 @@ def test_n_trials_caps_the_settings_measured(tmp_path, hw) -> None:
     assert len([p for p, _ in runner.log if p in ("baseline", "probe", "search")]) == 6
 
 
-def test_a_compute_bound_baseline_stops_early(tmp_path, hw) -> None:
-    """The baseline never waits for data and runs at the consumer's rate, over an epoch long
-    beside its workers' start (0.05 s of 10 s): nothing to gain."""
-    runner = FakeRunner(lambda c: 1e6, epoch_samples=10_000_000)
+def _never_waiting(tmp_path, hw, *, epoch_samples: int) -> tuple[FakeRunner, SearchOutcome]:
+    """A search of one batch size whose every trial runs at 1e6 samples/s and never waits for
+    data, over epochs of ``epoch_samples`` (each starts its workers in 0.05 s)."""
+    runner = FakeRunner(lambda c: 1e6, epoch_samples=epoch_samples)
 
     def run(config, **kw):  # the baseline and everything else: compute-bound
         result = FakeRunner.run(runner, config, **kw)
@@ -359,6 +359,13 @@ def test_a_compute_bound_baseline_stops_early(tmp_path, hw) -> None:
         batch_sizes=[32],
         settings=settings(tmp_path),
     ).run()
+    return runner, outcome
+
+
+def test_a_compute_bound_baseline_stops_early(tmp_path, hw) -> None:
+    """The baseline never waits for data and runs at the consumer's rate, over an epoch long
+    beside its workers' start (0.05 s of 10 s): nothing to gain."""
+    runner, outcome = _never_waiting(tmp_path, hw, epoch_samples=10_000_000)
     assert outcome.stop_reason == "compute_bound"
     assert not [c for p, c in runner.log if p == "search"]
     assert outcome.winner == Config(32, 2, 2)
@@ -369,22 +376,7 @@ def test_a_baseline_that_keeps_up_but_restarts_its_workers_every_epoch_is_explor
 ) -> None:
     """Steady, it never waits; but each 0.1 s epoch first waits 0.05 s for its workers to
     start: persistent workers are worth a third of the epoch, so the search goes on."""
-    runner = FakeRunner(lambda c: 1e6, epoch_samples=100_000)
-
-    def run(config, **kw):
-        result = FakeRunner.run(runner, config, **kw)
-        if result.measurement is not None:
-            result.measurement.blocked_fraction = 0.01
-        return result
-
-    runner.run = run  # type: ignore[method-assign]
-    outcome = Search(
-        runner,
-        hardware=hw,
-        baseline=Config(32, 2, 2),
-        batch_sizes=[32],
-        settings=settings(tmp_path),
-    ).run()
+    runner, outcome = _never_waiting(tmp_path, hw, epoch_samples=100_000)
     assert outcome.stop_reason != "compute_bound"
     assert any(p == "search" for p, _ in runner.log)
 
