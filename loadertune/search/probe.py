@@ -261,7 +261,13 @@ def _rate_in_space(est: Estimates, space: SearchSpace, batch_size: int) -> float
     at = est.at(batch_size)
     need = min(at.workers_needed(), space.max_workers)
     fits = need and space.nearest(Config(batch_size, need, min(space.prefetch_factors))).num_workers
-    return max(at.predicted_samples_per_s(0), at.predicted_samples_per_s(fits) if fits else 0.0)
+    return max(at.predicted_samples_per_s(0), at.predicted_samples_per_s(fits))
+
+
+def _slow_for_window(batch_size: int, rate: float, window_s: float | None) -> bool:
+    """A batch takes more than a quarter of ``window_s`` at ``rate``: a trial receives at least
+    four batches in its window, and more before it, so its batches, not the window, bound it."""
+    return window_s is not None and rate > 0 and batch_size / rate > window_s / 4
 
 
 def _batch_order(
@@ -278,7 +284,7 @@ def _batch_order(
 
     def rank(bs: int) -> tuple[bool, float, bool, bool, int]:
         tie = rate[bs] >= 0.95 * top
-        costly = window_s is not None and rate[bs] > 0 and bs / rate[bs] > window_s / 4
+        costly = _slow_for_window(bs, rate[bs], window_s)
         return (not tie, 0.0 if tie else -rate[bs], costly, bs != user, bs)
 
     return sorted(space.batch_sizes, key=rank)
@@ -330,18 +336,16 @@ def seed_configs(
     # at batch 256 in-process as with any number of workers, a setting no seed had tried
     # (`scripts/bench_tuner.py`, rows_batch_sizes). Loading that waits on I/O needs workers;
     # where such a batch takes long beside the window (see _batch_order), it comes last.
-    in_process = []
-    if not est.io_bound and len(space.batch_sizes) > 1:
-        largest = max(space.batch_sizes)
-        rate = est.at(largest).predicted_samples_per_s(0)
-        costly = window_s is not None and rate > 0 and largest / rate > window_s / 4
-        in_process = [(costly, Config(largest, 0, None, pin))]
-    wanted += [c for costly, c in in_process if not costly]
+    largest = max(space.batch_sizes)
+    helps = not est.io_bound and len(space.batch_sizes) > 1
+    in_process = [Config(largest, 0, None, pin)] if helps else []
+    last = _slow_for_window(largest, est.at(largest).predicted_samples_per_s(0), window_s)
+    wanted += [] if last else in_process
     # Every other batch size once, at the workers it needs (its step's rate is its own).
     for bs in others:
         w = _workers_to_try(est.at(bs), space)[1] if space.max_workers and need else 0
         wanted.append(Config(bs, w, 2 if w else None, pin, persist and w > 0))
-    wanted += [c for costly, c in in_process if costly]
+    wanted += in_process if last else []
     wanted.extend(variants[1:])
     seeds: list[Config] = []
     for config in wanted:
