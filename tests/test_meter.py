@@ -313,27 +313,6 @@ def test_a_whole_epoch_window_begun_mid_epoch_measures_the_next_epoch() -> None:
     assert len(m.reentry_s) == 1
 
 
-def test_a_whole_epoch_window_begun_mid_epoch_with_a_known_epoch_runs_across_its_end() -> None:
-    """Knowing the epoch's samples, a whole-epoch window begun mid-epoch warms up like a window
-    (a round of the workers and one batch), then holds an epoch's worth across the epoch's end:
-    the draining end, the next start-up (a re-entry, left to ``epoch_startup_s``) and the next
-    epoch's first steps. It ends at the same point of the next epoch, not at its end."""
-    rec = Recorder()
-    spec = WindowSpec(warmup_batches=0, window_s=10.0, whole_epoch=True, round_batches=2)
-    meter = Meter(spec, sink=rec, mid_epoch=True, epoch_samples=80)  # 10 batches of 8
-    got = []
-    for n in (6, 10):  # the rest of an epoch, then a whole one
-        got.append(sum(1 for _ in meter.wrap(slow_batches(n, 0.002))))
-        if meter.done:
-            break
-    assert meter.done and got == [6, 8]  # 1 + 3 warm-up, then 2 + 8 in the window: 80 samples
-    m = meter.result()
-    assert m.complete and m.whole_epoch
-    assert (m.n_batches, m.n_samples) == (10, 80)
-    assert len(m.reentry_s) == 1
-    assert rec.events.count("rest") == 1
-
-
 def test_a_whole_epoch_window_that_outlasts_twice_its_expected_time_ends_as_a_window() -> None:
     meter = Meter(WindowSpec(warmup_batches=0, window_s=0.05, whole_epoch=True))
     n = sum(1 for _ in meter.wrap(slow_batches(1000, 0.01)))

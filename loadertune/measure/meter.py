@@ -52,10 +52,7 @@ class Meter:
         beat_s: at most one heartbeat per this many seconds.
         on_done: called with the result when the window ends, before ``StopIteration``.
         mid_epoch: the meter begins in the middle of an epoch (a setting swapped in under a
-            running loop). A whole-epoch window (``WindowSpec.whole_epoch``) then measures an
-            epoch's length from where it is, across the epoch's end, when ``epoch_samples`` is
-            known (see :meth:`_rotated`); otherwise it waits for the next epoch and measures it.
-        epoch_samples: the samples an epoch gives the loop (for ``mid_epoch``).
+            running loop): a whole-epoch window (``WindowSpec.whole_epoch``) waits for the next.
     """
 
     # Slots: the hot path reads and writes a handful of these per batch.
@@ -69,16 +66,13 @@ class Meter:
         "_index_in_epoch",
         "_it",
         "_last_beat",
-        "_last_n",
         "_measure_cpu",
         "_n_wraps",
         "_on_done",
-        "_open_wraps",
         "_paused_at",
         "_phase",
         "_reentry_s",
         "_result",
-        "_rotate_samples",
         "_settle_at",
         "_sink",
         "_sub_end",
@@ -111,7 +105,6 @@ class Meter:
         beat_s: float = 0.5,
         on_done: Callable[[Measurement], None] | None = None,
         mid_epoch: bool = False,
-        epoch_samples: int | None = None,
     ) -> None:
         self.spec = spec
         self._count = count
@@ -134,20 +127,11 @@ class Meter:
         self._reentry_s: list[float] = []
         self._last_beat = -math.inf
         self._warmup_left = spec.warmup_batches
+        self._to_next_epoch = spec.whole_epoch and mid_epoch  # warm up to the epoch's end
         # the warm-up batches left when a waiting next() may end it (-1: never)
         self._settle_at = (
             -1 if spec.settled_after is None else spec.warmup_batches - spec.settled_after
         )
-        # a whole-epoch window begun mid-epoch: an epoch's samples from here (0: not rotated)
-        self._rotate_samples = 0
-        self._open_wraps = 0
-        self._last_n = 0  # the samples of the window's last batch
-        self._to_next_epoch = False  # warm up to the epoch's end
-        if spec.whole_epoch and mid_epoch:
-            if epoch_samples:
-                self._rotated(epoch_samples)
-            else:
-                self._to_next_epoch = True
         self._first_batch_s = math.nan
         self._warmup_start = 0.0
         self._w_start = 0.0
@@ -161,20 +145,6 @@ class Meter:
         self._sub_samples = 0
         self._sub_rates: list[float] = []
         self.failed_in_next = False
-
-    def _rotated(self, epoch_samples: int) -> None:
-        """Measure a whole epoch's worth from the middle of one: after the warm-up of a window
-        (a round of the workers and one batch), the window runs across the epoch's end until it
-        holds ``epoch_samples``, the same point of the next epoch. It holds what an epoch does,
-        once each: the end's draining buffer, the next start-up (a re-entry, counted per epoch
-        as any is) and the first slow steps while the workers fill their buffer. A setting
-        swapped in mid-epoch no longer lets the epoch run out before it measures: that cost
-        half an epoch per trial, on average, on a script whose epochs are short."""
-        rounds = self.spec.round_batches  # as :func:`~loadertune.trials.runner.window_for`
-        self._rotate_samples = epoch_samples
-        self._warmup_left = max(2, rounds + 1)
-        self._settle_at = self._warmup_left - max(2, rounds)
-        self._fixed = None  # every batch may be the window's last: none takes the hot path
 
     def wrap(self, iterable: Iterable[Any]) -> Meter:
         """Measure one epoch of ``iterable``; call again with the same loader for the next epoch.
@@ -240,12 +210,6 @@ class Meter:
         """Every other batch: phases, epoch starts, heartbeats, sub-window boundaries."""
         if self._phase == _OPENING:
             t0 = self._open_window(t0)
-        elif self._phase == _WINDOW and self._rotation_done():
-            if self._sync is not None:
-                self._sync()
-                t0 = self._clock()
-            self._close_sub_window(t0)
-            self._finish(t0, complete=True, whole_epoch=True)
         elif self._phase == _WINDOW and t0 >= self._sub_end and self._round_done(t0):
             t0 = self._sub_window_boundary(t0)
         phase = self._phase
@@ -305,24 +269,15 @@ class Meter:
 
     def _window_holds(self, batch: Any, index: int) -> None:
         """Count ``batch`` (the ``index``-th of its epoch) in the window."""
-        n = self._last_n = self._count(batch, index)
+        n = self._count(batch, index)
         self._w_samples += n
         self._sub_samples += n
         self._w_batches += 1
 
-    def _rotation_done(self) -> bool:
-        """A rotated whole-epoch window (:meth:`_rotated`) holds an epoch's samples across an
-        epoch's end, to the nearest batch."""
-        return (
-            self._rotate_samples > 0
-            and self._n_wraps > self._open_wraps
-            and self._w_samples + self._last_n / 2 >= self._rotate_samples
-        )
-
     def _epoch_ended(self, t0: float) -> None:
         """The loop's ``next()`` at ``t0`` found the epoch over."""
         phase = self._phase
-        if phase == _WINDOW and self.spec.whole_epoch and not self._rotate_samples:
+        if phase == _WINDOW and self.spec.whole_epoch:
             if self._sync is not None:
                 self._sync()
                 t0 = self._clock()
@@ -346,7 +301,6 @@ class Meter:
             t0 = self._clock()
         self._sink.event("window_start")
         self._w_start = self._sub_start = t0
-        self._open_wraps = self._n_wraps
         self._sub_excluded = self._excluded
         self._sub_end = t0 + self.spec.window_s / self.spec.n_sub_windows
         self._phase = _WINDOW

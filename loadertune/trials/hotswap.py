@@ -133,13 +133,7 @@ class _Run:
     """A step in progress: its segment, its meter (None when unmeasured) and its iterator."""
 
     def __init__(
-        self,
-        step: Step,
-        segment: Segment,
-        replayed: Any = None,
-        *,
-        mid_epoch: bool = False,
-        epoch_samples: int | None = None,
+        self, step: Step, segment: Segment, replayed: Any = None, *, mid_epoch: bool = False
     ) -> None:
         self.step, self.segment = step, segment
         self.meter: Meter | None = None
@@ -153,7 +147,6 @@ class _Run:
                 sync=dl.cuda_sync,
                 measure_cpu=step.config.num_workers == 0 and step.phase != "replay",
                 mid_epoch=mid_epoch,
-                epoch_samples=epoch_samples,
             )
 
     def enter(self, order: EpochOrder) -> None:
@@ -286,16 +279,6 @@ class HotSwap:
             return None
         return n // config.batch_size * config.batch_size if self.loader.drop_last else n
 
-    def _given_per_epoch(self, step: Step) -> int | None:
-        """The samples an epoch gives the script with ``step``'s setting: its
-        :meth:`epoch_samples`, or fewer when the script's ``len(loader)`` ends the epoch first
-        (``keep_length``; the last batch counted whole). None: not known."""
-        n = self.epoch_samples(step.config)
-        limit = self._batches_promised() if self.keep_length else None
-        if n is None or limit is None:
-            return n
-        return min(n, limit * step.config.batch_size)
-
     def _nothing_left(self, step: Step, order: EpochOrder) -> bool:
         """The epoch has no batch left for ``step`` (with ``drop_last``, a whole one), though
         the next epoch will (one that never would is reported by :meth:`_begin`)."""
@@ -316,9 +299,7 @@ class HotSwap:
         segment.order = order
         replayed = segment.first_batch_unreceived() if step.phase == "replay" else None
         started = order.position > 0 or order.given > 0  # the script is in the epoch's middle
-        run = self.current = _Run(
-            step, segment, replayed, mid_epoch=started, epoch_samples=self._given_per_epoch(step)
-        )
+        run = self.current = _Run(step, segment, replayed, mid_epoch=started)
         run.enter(order)
         return run
 
