@@ -19,22 +19,24 @@ The seed is random (and printed) unless given; never tune a policy against one f
 
 The model (per workload; ``B`` batch size, ``n`` workers, ``P`` usable CPUs; times in seconds)
 -------------------------------------------------------------------------------------------------
-Per sample in ``__getitem__``: CPU ``c``, I/O wait ``io``; collate CPU ``cc`` per sample; ``S``
-bytes per sample. Step per batch ``step(B) = a + b*B + xfer(B)`` of wall time, of which
-``f*(a + b*B)`` is CPU in the main process (``f = 1`` for a CPU step, 0.02..0.3 for a GPU step);
-``xfer(B) = B*S*h2d`` (GPU only; times ``pin_factor`` with ``pin_memory``, and pinning then costs
-the main process ``B*S/8 GB/s`` of CPU). The main process receives each batch from a worker in
-``recv(B) = r0 + r1*B*S`` (inside ``next()``).
+Per sample in ``__getitem__``: CPU ``c``, I/O wait ``io``; collate CPU ``cc`` per sample; per
+batch a fixed fetch CPU ``fb`` (the sampler's indices, the dataset calls, collate's own
+overhead: a larger batch spreads it thinner), so loading costs ``c(B) = c + cc + fb/B`` of CPU
+per sample; ``S`` bytes per sample. Step per batch ``step(B) = a + b*B + xfer(B)`` of wall time,
+of which ``f*(a + b*B)`` is CPU in the main process (``f = 1`` for a CPU step, 0.02..0.3 for a
+GPU step); ``xfer(B) = B*S*h2d`` (GPU only; times ``pin_factor`` with ``pin_memory``, and
+pinning then costs the main process ``B*S/8 GB/s`` of CPU). The main process receives each
+batch from a worker in ``recv(B) = r0 + r1*B*S`` (inside ``next()``).
 
-* ``n = 0``: loading and step take turns: ``rate = B / (B*(c + io + cc) + step(B) + pin_cpu(B))``.
+* ``n = 0``: loading and step take turns: ``rate = B / (B*(c(B) + io) + step(B) + pin_cpu(B))``.
 * ``n > 0``: the barrel principle, the lowest of four stages::
 
       k      = 1 + kappa * max(0, n - P) / P          # process overhead past the CPU count
-      t_w    = k*(c + cc) + io                         # a worker's time per sample
+      t_w    = k*c(B) + io                             # a worker's time per sample
       loader = n / t_w * (1 - burst / (2*pf))          # prefetch smooths bursty I/O a little
       io_cap = q / io                                  # storage saturates at q requests in flight
       main   = B / (recv(B) + step(B))                 # the main process: receive, then step
-      cpus   = P / (k*(c + cc) + (recv(B) + f*(a + b*B) + pin_cpu(B)) / B)
+      cpus   = P / (k*c(B) + (recv(B) + f*(a + b*B) + pin_cpu(B)) / B)
       rate   = min(loader, io_cap, main, cpus)
 
 * Epoch rate (what the driver maximises): ``N / (N/rate + start)`` with ``N`` samples per epoch
@@ -176,6 +178,7 @@ class Workload:
     hot_swap: bool = True  # the script's loader can change setting mid-epoch
     script_samples: float = math.inf  # samples the script gives before it ends
     drift_tau_s: float = 20.0  # the slow half of the noise: how long the machine's load lasts
+    fetch_s: float = 0.0  # fb: the fetch's fixed CPU per batch
 
     @property
     def offered(self) -> tuple[int, ...]:
@@ -271,6 +274,7 @@ def draw_workload(seed: int, index: int) -> Workload:
         script_samples=epochs * (w.epoch_samples or _log_uniform(extra, 1e4, 1e6)),
         hot_swap=bool(extra.random() >= 0.2),
         drift_tau_s=_log_uniform(extra, 5, 60),
+        fetch_s=_log_uniform(extra, 1e-5, 1e-3),
     )
 
 
@@ -294,15 +298,21 @@ def recv(w: Workload, bs: int) -> float:
     return w.recv_fixed_s + w.recv_s_per_byte * bs * w.sample_bytes
 
 
-def worker_time(w: Workload, n: Any) -> Any:
+def load_cpu(w: Workload, bs: int) -> float:
+    """``c(B)``: loading's CPU seconds per sample at batch ``bs`` (the fetch's fixed cost spread
+    over the batch)."""
+    return w.cpu_s + w.collate_s + w.fetch_s / bs
+
+
+def worker_time(w: Workload, n: Any, bs: int) -> Any:
     """``t_w``: a worker's seconds per sample with ``n`` workers (contention past the CPUs)."""
     k = 1 + w.overhead * np.maximum(0, n - w.cpus) / w.cpus
-    return k * (w.cpu_s + w.collate_s) + w.io_s
+    return k * load_cpu(w, bs) + w.io_s
 
 
 def stage_rates(w: Workload, bs: int, n: Any, pf: int, pin: bool) -> dict[str, Any]:
     """Samples/s each stage allows with ``n >= 1`` workers."""
-    t_w = worker_time(w, n)
+    t_w = worker_time(w, n, bs)
     cpu_w = t_w - w.io_s
     main_cpu = (
         recv(w, bs) + w.step_cpu_frac * (w.step_a + w.step_b * bs) + pin_cpu(w, bs, pin)
@@ -318,7 +328,7 @@ def stage_rates(w: Workload, bs: int, n: Any, pf: int, pin: bool) -> dict[str, A
 def steady_rate(w: Workload, bs: int, n: Any, pf: int | None, pin: bool) -> Any:
     """Samples/s in steady state (the barrel principle; see the module docstring)."""
     if np.isscalar(n) and n == 0:
-        load = bs * (w.cpu_s + w.io_s + w.collate_s)
+        load = bs * (load_cpu(w, bs) + w.io_s)
         return bs / (load + step_wall(w, bs, pin) + pin_cpu(w, bs, pin))
     stages = stage_rates(w, bs, n, pf or 2, pin)
     return np.minimum(
@@ -356,7 +366,7 @@ def epoch_start(w: Workload, bs: int, n: Any, persistent: bool) -> Any:
     """Seconds each epoch spends before its first batch (0 without workers)."""
     if np.isscalar(n) and n == 0:
         return 0.0
-    return (0.0 if persistent else startup(w, n)) + bs * worker_time(w, n)
+    return (0.0 if persistent else startup(w, n)) + bs * worker_time(w, n, bs)
 
 
 def epoch_rate(w: Workload, c: Config) -> float:
@@ -600,8 +610,8 @@ class SimRunner(BaseRunner):
             setup *= self._noise(0.05)
             if not w.hot_swap:
                 teardown = KILL_S
-        load_batch = bs * (w.cpu_s + w.io_s + w.collate_s)
-        first = load_batch if n == 0 else startup(w, n) + bs * float(worker_time(w, n))
+        load_batch = bs * (load_cpu(w, bs) + w.io_s)
+        first = load_batch if n == 0 else startup(w, n) + bs * float(worker_time(w, n, bs))
         first *= self._noise(0.1)
         started = setup + first
         if started > limits.startup_s:
@@ -660,7 +670,7 @@ class SimRunner(BaseRunner):
             blocked, cpu_fraction = 0.01, None
         elif n == 0:
             blocked = load_batch / (load_batch + step + pin_cpu(w, bs, c.pin_memory))
-            cpu_fraction = min(1.0, (w.cpu_s + w.collate_s) / (w.cpu_s + w.io_s + w.collate_s))
+            cpu_fraction = min(1.0, load_cpu(w, bs) / (load_cpu(w, bs) + w.io_s))
             cpu_fraction *= self._noise(0.05)
         else:
             blocked, cpu_fraction = max(0.0, 1 - step * measured / bs), None
@@ -744,7 +754,7 @@ class SimRunner(BaseRunner):
         if replay:
             main = 100 * w.step_cpu_frac * (w.step_a + w.step_b * bs) / step_wall(w, bs, False)
         else:
-            busy = recv(w, bs) if n else bs * (w.cpu_s + w.collate_s)
+            busy = recv(w, bs) if n else bs * load_cpu(w, bs)
             busy += w.step_cpu_frac * (w.step_a + w.step_b * bs) + pin_cpu(w, bs, c.pin_memory)
             main = 100 * min(1.0, busy * rate / bs)
         per_worker = w.worker_pss + (c.prefetch_factor or 0) * bs * w.sample_bytes
@@ -982,7 +992,8 @@ def _short(w: Workload) -> str:
     epoch = f"{w.epoch_samples}" if w.epoch_samples else "?"
     return (
         f"P={w.cpus} c={w.cpu_s * 1e3:.3g}ms io={w.io_s * 1e3:.3g}ms S={w.sample_bytes:.3g}B "
-        f"cc={w.collate_s * 1e3:.3g}ms step={w.step_a * 1e3:.3g}ms+{w.step_b * 1e3:.3g}ms*B "
+        f"cc={w.collate_s * 1e3:.3g}ms fb={w.fetch_s * 1e3:.3g}ms "
+        f"step={w.step_a * 1e3:.3g}ms+{w.step_b * 1e3:.3g}ms*B "
         f"f={w.step_cpu_frac:.2f} r0={w.recv_fixed_s * 1e3:.2g}ms s0={w.startup_s:.2g}s "
         f"N={epoch} q={w.io_parallel:.0f} sigma={w.noise_sigma:.2f} bs={list(w.offered)} "
         f"base={w.baseline.label()}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 import sys
@@ -179,3 +180,18 @@ def test_a_live_tuning_is_scored_against_the_run_s_own_setting(sim) -> None:
         assert long_ == pytest.approx(live.own / live.winner, rel=0.02)
         assert short > 0
     assert scored >= 2
+
+
+def test_a_batchs_fixed_fetch_cost_makes_a_larger_batch_cheaper_per_sample(sim) -> None:
+    """The fetch's fixed CPU per batch (the sampler, the dataset calls, collate's overhead) is
+    spread over the batch: in-process loading and each worker's time per sample fall with a
+    larger batch, by exactly that cost, and without it they do not."""
+    w = dataclasses.replace(sim.draw_workload(31337, 0), fetch_s=1e-3, step_a=0.0, step_b=0.0)
+    w = dataclasses.replace(w, gpu=False, h2d_s_per_byte=0.0)
+    bare = dataclasses.replace(w, fetch_s=0.0)
+    per_sample = lambda wl, bs: 1 / sim.steady_rate(wl, bs, 0, None, False)  # noqa: E731
+    assert per_sample(w, 32) - per_sample(w, 256) == pytest.approx(1e-3 / 32 - 1e-3 / 256)
+    assert per_sample(bare, 32) == pytest.approx(per_sample(bare, 256))
+    gap = sim.worker_time(w, 4, 32) - sim.worker_time(w, 4, 256)
+    assert gap > 0 and sim.worker_time(bare, 4, 32) == pytest.approx(sim.worker_time(bare, 4, 256))
+    assert sim.draw_workload(31337, 0).fetch_s > 0  # drawn for every workload
