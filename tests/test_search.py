@@ -865,6 +865,28 @@ def test_a_best_that_does_not_wait_for_data_tries_another_batch_size() -> None:
     assert other(skip=lambda c: c.batch_size == 256) == Config(128, 4, 2)
 
 
+def test_a_best_at_its_steps_own_rate_tries_another_batch_size_though_it_reads_as_waiting() -> None:
+    """The time inside ``next()`` holds each batch's hand-over too, and noise moves its share:
+    a loop at its step's rate (the replay's, at that batch size) may read 16% blocked. The step
+    sets the pace all the same, so a larger batch goes first; below that rate the workers do
+    (the climbs), and without the replays' figures only the blocked share decides."""
+    from loadertune.search import plan
+    from loadertune.search.space import SearchSpace
+
+    space = SearchSpace(batch_sizes=(256, 512), max_workers=34, limits={"cpu": 34})
+    values = {Config(256, 17, 2): 10_315.0}
+    blocked = {Config(256, 17, 2): 0.16}
+    steps = {256: 8_845.0, 512: 23_534.0}  # the replays' rates
+
+    def other(step_rate=steps.__getitem__) -> Config | None:
+        return plan.other_batch(values, blocked, space, skip=lambda c: False, step_rate=step_rate)
+
+    assert other() == Config(512, 17, 2)
+    assert other(step_rate=None) is None
+    values[Config(256, 17, 2)] = 0.7 * steps[256]  # the loader holds it below the step's rate
+    assert other() is None
+
+
 def test_a_best_that_hardly_waits_is_still_tried_with_twice_its_workers_while_that_wins() -> None:
     """The model says more workers buy a best that does not wait nothing; the machine may
     disagree (the workers and the step share its CPUs). Doubling is tried once, and again while

@@ -15,6 +15,7 @@ from loadertune.config import Config
 from loadertune.measure.failures import FailureKind
 from loadertune.search import plan
 from loadertune.search.ledger import Ledger
+from loadertune.search.probe import Estimates
 from loadertune.search.space import SearchSpace, widened
 
 # What more workers run out of (a GPU's memory grows with the batch instead), and a trial too
@@ -41,6 +42,7 @@ class Agenda:
         self._verified = False
         self._failures_seen = 0  # failures already answered by a back-off
         self.memory_budget: int | None = None  # the trial tree's PSS limit, once known
+        self.estimates: Estimates | None = None  # the probe's, once known
 
     def add_seeds(self, seeds: Iterable[Config]) -> None:
         """Seeds run after everything already planned, each unless measured already."""
@@ -131,8 +133,13 @@ class Agenda:
     def _other_batch(self, space: SearchSpace) -> None:
         """Plan another batch size for a best that does not wait for data (see
         :func:`plan.other_batch`) first, each once."""
+        est = self.estimates
         config = plan.other_batch(
-            self.ledger.values, self.ledger.blocked, space, skip=self._planned_before
+            self.ledger.values,
+            self.ledger.blocked,
+            space,
+            skip=self._planned_before,
+            step_rate=(lambda bs: est.at(bs).consumer_ceiling) if est is not None else None,
         )
         if config is not None:
             self._queue.insert(0, config)

@@ -413,6 +413,7 @@ class Search:
 
     def _run(self, log: StudyLog, t0: float) -> SearchOutcome:
         space, est = self.opening.open(log)
+        self.agenda.estimates = est
         reason, space = self._seed_and_explore(log, space, est)
         if self.observer:
             self.observer.phase("confirm")

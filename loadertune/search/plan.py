@@ -26,6 +26,7 @@ from loadertune.search.space import SearchSpace
 MIN_EXPLORED = 3  # search trials that run before any time is kept for the confirmation
 CLIMB_BLOCKED = 0.10  # the best setting waits this much for data: try it with more workers
 CLIMB_WITHIN = 0.6  # ... if it reaches this share of the best rate
+STEP_PACE = 0.8  # a rate this close to the step's own at its batch size: the step sets the pace
 FINALIST_WITHIN = 0.7  # finalists reach this share of the best (one unlucky figure is not out)
 SWITCH_EVIDENCE = 0.8  # a live run leaves its own setting when this share of pairs says so
 
@@ -130,19 +131,25 @@ def other_batch(
     space: SearchSpace,
     *,
     skip: Callable[[Config], bool],
+    step_rate: Callable[[int], float] | None = None,
 ) -> Config | None:
-    """When the best explored setting hardly waits for data, its step sets the pace, and more
-    workers buy nothing: only another batch size can (the step's cost per sample, and the
-    fetch's, change with the batch). Try the best's loader settings at the largest batch size
-    offered first (the far extreme: the optimum of a step ``a + b·batch`` lies at an end); once
-    a larger batch was measured and lost, the one between (geometrically) it and the best's;
-    once every larger one is measured, the smaller ones the same way. None when no batch size
-    is left to try or the best waits for data (the climbs add workers first)."""
+    """When the best explored setting's step sets the pace, more workers buy nothing: only
+    another batch size can (the step's cost per sample, and the fetch's, change with the batch).
+    The step sets the pace when the best hardly waits for data, or when its rate reaches
+    :data:`STEP_PACE` of the step's own at its batch size (``step_rate(batch_size)``, from the
+    replays): the time inside ``next()`` also holds the hand-over of each batch, and noise moves
+    the share of it, so a loop at its step's rate may still read as waiting. Try the best's loader
+    settings at the largest batch size offered first (the far extreme: the optimum of a step ``a
+    + b·batch`` lies at an end); once a larger batch was measured and lost, the one between
+    (geometrically) it and the best's; once every larger one is measured, the smaller ones the
+    same way. None when no batch size is left to try or the loader sets the pace (the climbs add
+    workers first)."""
     explored = [c for c in blocked if c in values]
     if len(space.batch_sizes) < 2 or not explored:
         return None
     best = max(explored, key=lambda c: values[c])
-    if blocked[best] >= CLIMB_BLOCKED:
+    at_step = step_rate is not None and values[best] >= STEP_PACE * step_rate(best.batch_size)
+    if blocked[best] >= CLIMB_BLOCKED and not at_step:
         return None
     tried = {c.batch_size for c in explored}
     sizes = sorted(space.batch_sizes)
