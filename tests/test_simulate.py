@@ -189,7 +189,10 @@ def test_a_batchs_fixed_fetch_cost_makes_a_larger_batch_cheaper_per_sample(sim) 
     w = dataclasses.replace(sim.draw_workload(31337, 0), fetch_s=1e-3, step_a=0.0, step_b=0.0)
     w = dataclasses.replace(w, gpu=False, h2d_s_per_byte=0.0)
     bare = dataclasses.replace(w, fetch_s=0.0)
-    per_sample = lambda wl, bs: 1 / sim.steady_rate(wl, bs, 0, None, False)  # noqa: E731
+
+    def per_sample(wl, bs: int) -> float:  # in-process
+        return 1 / sim.steady_rate(wl, bs, 0, None, False)
+
     assert per_sample(w, 32) - per_sample(w, 256) == pytest.approx(1e-3 / 32 - 1e-3 / 256)
     assert per_sample(bare, 32) == pytest.approx(per_sample(bare, 256))
     gap = sim.worker_time(w, 4, 32) - sim.worker_time(w, 4, 256)

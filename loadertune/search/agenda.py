@@ -42,21 +42,20 @@ class Agenda:
         self._verified = False
         self._failures_seen = 0  # failures already answered by a back-off
         self.memory_budget: int | None = None  # the trial tree's PSS limit, once known
-        self.estimates: Estimates | None = None  # the probe's, once known
 
     def add_seeds(self, seeds: Iterable[Config]) -> None:
         """Seeds run after everything already planned, each unless measured already."""
         self._queue += [s for s in seeds if s not in self.ledger.values]
 
-    def update(self, space: SearchSpace) -> SearchSpace:
-        """Plan what the results so far ask for; returns the space, widened when the best sat at
-        its edge."""
+    def update(self, space: SearchSpace, est: Estimates | None = None) -> SearchSpace:
+        """Plan what the results so far ask for (``est``: the probe's estimates, when it ran);
+        returns the space, widened when the best sat at its edge."""
         self._verify_largest_batch(space)
         self._back_off(space)
         space = self._widen(space)
         self._climb(space)
         self._more_workers(space)
-        self._other_batch(space)
+        self._other_batch(space, est)
         return space
 
     def next(self, space: SearchSpace) -> Config | None:
@@ -130,10 +129,9 @@ class Agenda:
         if config is not None:
             self._queue.insert(0, config)
 
-    def _other_batch(self, space: SearchSpace) -> None:
-        """Plan another batch size for a best that does not wait for data (see
+    def _other_batch(self, space: SearchSpace, est: Estimates | None) -> None:
+        """Plan another batch size for a best whose step sets the pace (see
         :func:`plan.other_batch`) first, each once."""
-        est = self.estimates
         config = plan.other_batch(
             self.ledger.values,
             self.ledger.blocked,

@@ -221,7 +221,7 @@ class Search:
         space_size = len(space.configs())
         idle = 0  # consecutive proposals that ran nothing (duplicates, skips)
         while True:
-            wider = self.agenda.update(space)
+            wider = self.agenda.update(space, est)
             if wider is not space:
                 space, space_size = wider, len(wider.configs())
             reason = self._stop_reason(
@@ -413,7 +413,6 @@ class Search:
 
     def _run(self, log: StudyLog, t0: float) -> SearchOutcome:
         space, est = self.opening.open(log)
-        self.agenda.estimates = est
         reason, space = self._seed_and_explore(log, space, est)
         if self.observer:
             self.observer.phase("confirm")

@@ -148,8 +148,9 @@ def other_batch(
     if len(space.batch_sizes) < 2 or not explored:
         return None
     best = max(explored, key=lambda c: values[c])
-    at_step = step_rate is not None and values[best] >= STEP_PACE * step_rate(best.batch_size)
-    if blocked[best] >= CLIMB_BLOCKED and not at_step:
+    if blocked[best] >= CLIMB_BLOCKED and (
+        step_rate is None or values[best] < STEP_PACE * step_rate(best.batch_size)
+    ):
         return None
     tried = {c.batch_size for c in explored}
     sizes = sorted(space.batch_sizes)
