@@ -67,14 +67,18 @@ def search(script: str, tmp_path: Path, *extra: str, budget: int = 40) -> dict:
     return entry
 
 
-def check_trials_ran_their_settings(entry: dict, tmp_path: Path, *, val_batch: int) -> int:
+def check_trials_ran_their_settings(
+    entry: dict, tmp_path: Path, *, val_batch: int, epoch_samples: int | None = None
+) -> int:
     """Every measured trial ran with the batch size and workers it recorded, as the script saw
     it from inside the trial; returns how many trials were checked. The validation loader's
     batches (``val_batch`` samples, made in the main process) are told apart by their size.
 
     A trial process that ran one setting made only that setting's batches. One that ran several
     in turn (hot-swapped, pruned and failed settings among them) made each recorded one's: its
-    batch size from each of its workers."""
+    batch size from each of its workers that had a batch to make (every epoch hands its batches
+    to the workers in turn from the first: with ``epoch_samples``, an epoch of fewer full
+    batches than workers leaves the last workers none; 84 workers on 64 batches did)."""
     batches = {
         pid: [(n, worker) for n, worker in made if not (n == val_batch and worker == "main")]
         for pid, made in _batches(tmp_path).items()
@@ -115,6 +119,9 @@ def check_trials_ran_their_settings(entry: dict, tmp_path: Path, *, val_batch: i
                 assert workers == expected, (trial, workers)
                 continue
             full = {worker for length, worker in made if length == params["batch_size"]}
+            if epoch_samples is not None and params["num_workers"]:
+                per_epoch = epoch_samples // params["batch_size"]
+                expected = {str(i) for i in range(min(params["num_workers"], per_epoch))}
             assert expected <= full, (trial, sorted(full))
         checked += 1
     return checked
@@ -222,7 +229,8 @@ def test_accelerate_batch_sizes_are_really_applied_to_the_prepared_loader(
     _tuned(entry, _line("accelerate_loop.py", "train = DataLoader("), "_frameworks.Features")
     assert entry["workload"]["rebuilt_by_framework"]
     assert "batch_size" in entry["loader_kwargs"]
-    assert check_trials_ran_their_settings(entry, tmp_path, val_batch=50) >= 2
+    checked = check_trials_ran_their_settings(entry, tmp_path, val_batch=50, epoch_samples=4096)
+    assert checked >= 2
     sizes = {t["params"]["batch_size"] for t in entry["trials"] if t["status"] == "ok"}
     assert entry["search"]["space"]["batch_sizes"] == [32, 64]
     run_applies_only_to_the_tuned_loader(

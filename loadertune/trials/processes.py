@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
 
@@ -26,6 +26,7 @@ from loadertune.measure import failures
 from loadertune.trials import messages
 from loadertune.trials.channel import Channel
 from loadertune.trials.child import SPEC_ENV
+from loadertune.trials.forkserver import ForkServer, ForkServerError
 from loadertune.trials.runner import TrialResult
 from loadertune.trials.supervisor import Supervisor
 
@@ -88,11 +89,23 @@ def tail(path: Path) -> str:
         return ""
 
 
+class TrialProcess(Protocol):
+    """What a launch uses of its process: a :class:`subprocess.Popen`, or a fork server's
+    :class:`~loadertune.trials.forkserver.Forked`."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
 @dataclass
 class Launch:
     """One trial process: its process, its channel, its log, and what it said of its loader."""
 
-    proc: subprocess.Popen[bytes]
+    proc: TrialProcess
     chan: Channel
     log: Path
     loader: messages.LoaderMsg | None = None  # what it said of its loader
@@ -113,11 +126,26 @@ class Launch:
         return left
 
 
-def start_child(python: str, spec: dict[str, Any], log: Path) -> Launch:
+def start_child(
+    python: str, spec: dict[str, Any], log: Path, server: ForkServer | None = None
+) -> Launch:
     """A fresh trial process (``python -m loadertune.trials.child``) in a session of its own,
-    its channel an inherited descriptor, given its spec; its output goes to ``log``."""
+    its channel an inherited descriptor, given its spec; its output goes to ``log``. With a
+    fork ``server``, a fork of it instead (:mod:`loadertune.trials.forkserver`); a server that
+    does not answer is closed, and the process is started afresh."""
+    if server is not None and server.alive:
+        chan, theirs = Channel.pair()
+        try:
+            forked = server.fork(_env(spec, theirs.fileno()), log, theirs.fileno())
+        except ForkServerError:
+            server.close()  # a fork it may still make dies with it
+            chan.close()
+        else:
+            return Launch(forked, chan, log)
+        finally:
+            theirs.close()
     chan, theirs = Channel.pair()
-    env = {**os.environ, SPEC_ENV: json.dumps({**spec, "fd": theirs.fileno()})}
+    env = _env(spec, theirs.fileno())
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [python, "-m", "loadertune.trials.child"],
@@ -132,6 +160,11 @@ def start_child(python: str, spec: dict[str, Any], log: Path) -> Launch:
     return Launch(proc, chan, log)
 
 
+def _env(spec: dict[str, Any], channel_fd: int) -> dict[str, str]:
+    """A trial process's environment: ours, and its spec with its channel's descriptor."""
+    return {**os.environ, SPEC_ENV: json.dumps({**spec, "fd": channel_fd})}
+
+
 @dataclass
 class Trial:
     """One running trial: its launch, its supervisor, its result."""
@@ -143,7 +176,7 @@ class Trial:
     own: bool = False  # runs the script's own settings (config=None)
 
     @property
-    def proc(self) -> subprocess.Popen[bytes]:
+    def proc(self) -> TrialProcess:
         return self.launch.proc
 
     @property
@@ -163,10 +196,11 @@ def exited(
     """Whether the launch's process has exited (asked of the process, not only told by an EOF:
     orphans hold the socket open). If it has, its ``late`` messages (each with its channel) go
     to ``handle`` until one ends the trial; else the exit itself is the trial's failure."""
-    if trial.proc.poll() is None:
+    code = trial.proc.poll()
+    if code is None:
         return False
     for msg, chan in late():
         if handle(msg, chan):
             return True
-    trial.result.failure = failures.classify_exit(trial.proc.returncode, output=tail(trial.log))
+    trial.result.failure = failures.classify_exit(code, output=tail(trial.log))
     return True

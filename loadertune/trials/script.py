@@ -43,6 +43,7 @@ from loadertune.measure import nvml
 from loadertune.measure.failures import Failure, FailureKind
 from loadertune.measure.meter import Measurement, WindowSpec
 from loadertune.trials import applied, messages, reported
+from loadertune.trials.forkserver import ForkServer
 from loadertune.trials.identity import target_line
 from loadertune.trials.processes import (
     Launch,
@@ -83,6 +84,9 @@ class ScriptRunner(BaseRunner):
         loader: which loader to tune: its order of creation (1 = first created), ``"FILE:LINE"``
             where it is created, or None for the first loader the script iterates.
         python: the interpreter to run it with.
+        fork_server: start each launch as a fork of a process that has imported torch once
+            (:mod:`loadertune.trials.forkserver`) rather than as a fresh interpreter; None: yes,
+            unless ``$LOADERTUNE_FORK_SERVER`` is ``0``.
     """
 
     in_process = False
@@ -96,10 +100,15 @@ class ScriptRunner(BaseRunner):
         *,
         loader: int | str | None = None,
         python: str = sys.executable,
+        fork_server: bool | None = None,
     ) -> None:
         self.script = str(check_script(script))
         self.args = list(args)
         self.python = python
+        if fork_server is None:
+            fork_server = os.environ.get("LOADERTUNE_FORK_SERVER", "1") != "0"
+        self.fork_server = fork_server
+        self._server: ForkServer | None = None
         self.selector: dict[str, Any] = {}
         if isinstance(loader, int):
             if loader < 1:
@@ -222,8 +231,17 @@ class ScriptRunner(BaseRunner):
     def _start(self, spec: dict[str, Any], request: TrialRequest) -> Launch:
         """A fresh trial process, given its spec (:func:`.processes.start_child`)."""
         self.n_launches += 1
-        log = Path(self._logdir.name) / f"launch-{self.n_launches}.log"
-        return start_child(self.python, spec, log)
+        folder = Path(self._logdir.name)
+        server = self._server
+        if self.fork_server and (server is None or (not server.alive and server.preload)):
+            # A server that could not fork after importing the script's packages (a thread, or
+            # CUDA: see forkserver) is started again with torch alone, once.
+            preload = self.script if server is None else None
+            self._server = ForkServer(
+                self.python, folder / f"forkserver-{2 if server else 1}.log", preload=preload
+            )
+        log = folder / f"launch-{self.n_launches}.log"
+        return start_child(self.python, spec, log, self._server)
 
     def _end_launch(self) -> int:
         """Kill the launch (if any); how many of its processes were still alive."""
@@ -396,6 +414,9 @@ class ScriptRunner(BaseRunner):
 
     def close(self) -> None:
         self._end_launch()
+        if self._server is not None:
+            self._server.close()
+            self._server = None
         self._logdir.cleanup()
 
 
