@@ -64,7 +64,9 @@ batch from a worker in ``recv(B) = r0 + r1*B*S`` (inside ``next()``).
   script: with persistent workers) + teardown. Pruning (``should_stop``) is honoured at every
   sub-window. Set-up and teardown: inline 0.05 s and ``0.02 + 0.005*n`` (the workers stop). A
   script runs its trials in *launches* (``loadertune.trials.script``): a launch's first trial pays
-  a process start of 2..5 s per workload (+-5% per trial) and each later one ``SWAP_S`` (the
+  a process start of 2..5 s per workload (+-5% per trial; a later launch is a fork of the
+  search's fork server and skips the interpreter and the imports, 30..80% of it, drawn per
+  workload; ``--no-fork-server``: every launch pays it all) and each later trial ``SWAP_S`` (the
   search's round trip, the next setting's loader built); a launch ends after a failed trial (the
   group killed: 0.1 s), when the script has given all its samples (``epochs x N``, epochs drawn in
   1..30; 1e4..1e6 samples when ``N`` is unknown; each trial consumes its first, warm-up and
@@ -179,6 +181,7 @@ class Workload:
     script_samples: float = math.inf  # samples the script gives before it ends
     drift_tau_s: float = 20.0  # the slow half of the noise: how long the machine's load lasts
     fetch_s: float = 0.0  # fb: the fetch's fixed CPU per batch
+    import_s: float = 0.0  # of process_start_s: the interpreter and imports (a fork skips them)
 
     @property
     def offered(self) -> tuple[int, ...]:
@@ -275,6 +278,7 @@ def draw_workload(seed: int, index: int) -> Workload:
         hot_swap=bool(extra.random() >= 0.2),
         drift_tau_s=_log_uniform(extra, 5, 60),
         fetch_s=_log_uniform(extra, 1e-5, 1e-3),
+        import_s=w.process_start_s * float(extra.uniform(0.3, 0.8)),
     )
 
 
@@ -541,8 +545,11 @@ class SimRunner(BaseRunner):
     loader_recreated = False
     target_note = None
 
+    fork_server = True  # a script's later launches are forks (loadertune.trials.forkserver)
+
     def __init__(self, w: Workload, mode: str, clock: FakeClock, rng: np.random.Generator) -> None:
         self.w, self.mode, self.clock, self.rng = w, mode, clock, rng
+        self.n_launches = 0
         self.launch_left = 0.0  # samples the script's live launch can still give (0: none)
         self.epoch_left = 0.0  # samples left of the launch's epoch under way (0: at a start)
         self.in_process = mode == "inline"
@@ -604,6 +611,9 @@ class SimRunner(BaseRunner):
         if self.mode == "script":
             if self.launch_left <= 0:  # a fresh launch
                 setup, self.launch_left = w.process_start_s, w.script_samples
+                if self.n_launches and self.fork_server:  # forked: no interpreter, no imports
+                    setup -= w.import_s
+                self.n_launches += 1
                 self.epoch_left = 0.0
             else:
                 setup = SWAP_S
@@ -1357,7 +1367,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="also: how often a policy told the best setting and its closest rival below 0.95 "
         "still picks the rival under this noise (a floor under the share below 0.95)",
     )
+    ap.add_argument(
+        "--no-fork-server",
+        action="store_true",
+        help="every launch of a script starts a fresh interpreter (as before the fork server)",
+    )
     args = ap.parse_args(argv)
+    SimRunner.fork_server = not args.no_fork_server
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(3), "big")
     modes = list(MODES) if args.mode == "both" else [args.mode]
     print(f"seed {seed}, budget {args.budget:g} s (simulated), modes {', '.join(modes)}")

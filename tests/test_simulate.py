@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -198,3 +199,29 @@ def test_a_batchs_fixed_fetch_cost_makes_a_larger_batch_cheaper_per_sample(sim) 
     gap = sim.worker_time(w, 4, 32) - sim.worker_time(w, 4, 256)
     assert gap > 0 and sim.worker_time(bare, 4, 32) == pytest.approx(sim.worker_time(bare, 4, 256))
     assert sim.draw_workload(31337, 0).fetch_s > 0  # drawn for every workload
+
+
+@pytest.mark.parametrize("fork_server", [True, False])
+def test_a_later_launch_forked_from_the_server_skips_the_imports(sim, fork_server: bool) -> None:
+    """A loader that cannot change setting mid-epoch: every trial is a launch. The first pays
+    the whole process start; with the fork server, each later one that start less the
+    interpreter's and the imports' share (``import_s``)."""
+    w = sim.dataclasses.replace(
+        sim.draw_workload(5, 1), hot_swap=False, noise_sigma=0.0, sub_sigma=0.0
+    )
+    assert 0.3 * w.process_start_s <= w.import_s <= 0.8 * w.process_start_s
+    runner = sim.SimRunner(w, "script", sim.FakeClock(), np.random.default_rng(0))
+    runner.fork_server = fork_server
+    config = Config(w.baseline.batch_size)
+    walls = [
+        runner.run(
+            config,
+            window=WindowSpec(warmup_batches=2, window_s=0.5),
+            limits=Limits(timeout_s=1e6, startup_s=1e6, hang_s=1e6),
+        ).wall_s
+        for _ in range(3)
+    ]
+    saved = walls[0] - statistics.median(walls[1:])
+    expected = w.import_s if fork_server else 0.0
+    assert saved == pytest.approx(expected, abs=0.15 * w.process_start_s)
+    assert runner.n_launches == 3
