@@ -1,9 +1,9 @@
 """Inside a script trial: run the user's script as ``python train.py ARGS`` would, and measure it.
 
 Started by :class:`loadertune.trials.script.ScriptRunner` as ``python -m
-loadertune.trials.child``, in a new session (its own process group), with the trial's spec in
-``$LOADERTUNE_TRIAL`` and one end of a :class:`~loadertune.trials.channel.Channel` as an
-inherited file descriptor.
+loadertune.trials.child`` (or forked from :mod:`loadertune.trials.forkserver`, which then calls
+:func:`main`), in a process group of its own, with the trial's spec in ``$LOADERTUNE_TRIAL`` and
+one end of a :class:`~loadertune.trials.channel.Channel` as an inherited file descriptor.
 
 The script gets ``sys.argv``, ``__name__ == "__main__"``, its own directory first on ``sys.path``
 and the caller's working directory. A :class:`~loadertune.trials.controller.TrialController`,

@@ -1,9 +1,10 @@
 """The processes of a script's trials: started in a session of their own, their output in a log,
 killed as a group however a trial ends.
 
-A *launch* is one trial process (``python -m loadertune.trials.child``, or torch's launcher and
-its ranks: :mod:`loadertune.trials.ranks`) that may run many trials in turn; a :class:`Trial` is
-one of them, supervised from the search's side (:mod:`loadertune.trials.script`).
+A *launch* is one trial process (``python -m loadertune.trials.child`` or a fork of the search's
+fork server, :mod:`loadertune.trials.forkserver`; or torch's launcher and its ranks:
+:mod:`loadertune.trials.ranks`) that may run many trials in turn; a :class:`Trial` is one of
+them, supervised from the search's side (:mod:`loadertune.trials.script`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
 """Run trials of an unmodified training script, many in one process where the loader allows it.
 
 A *launch* starts ``python -m loadertune.trials.child`` in a new session (so it and every
-DataLoader worker it starts share one process group, away from the terminal's Ctrl-C) and tells
-it the setting over a :class:`~loadertune.trials.channel.Channel`; each trial is supervised from
-here: resource sampling, deadlines, the memory budget and pruning run in this process.
+DataLoader worker it starts share one process group, away from the terminal's Ctrl-C), or forks
+it from the search's fork server, which has imported torch and the script's installed packages
+once (:mod:`loadertune.trials.forkserver`), and tells it the setting over a
+:class:`~loadertune.trials.channel.Channel`; each trial is supervised from here: resource
+sampling, deadlines, the memory budget and pruning run in this process.
 
 When the loader can change setting mid-epoch (:mod:`loadertune.trials.hotswap`), a launch stays
 up after a trial that ended well (measured, or pruned): the next ``run`` sends its setting to the
