@@ -398,7 +398,9 @@ def test_ctrl_c_during_the_probe_keeps_its_finished_trials(tmp_path: Path) -> No
     proc.send_signal(signal.SIGINT)
     err = "".join(seen) + _communicate_or_dump(proc, timeout=30)
     assert proc.returncode == 130, err[-2000:]
-    (baseline_line,) = [line for line in err.splitlines() if line.startswith("baseline ")]
+    baseline_lines = [line for line in err.splitlines() if line.startswith("baseline ")]
+    assert len(baseline_lines) == 1, err[-4000:]  # (once seen twice, under load: its output)
+    (baseline_line,) = baseline_lines
     assert "samples/s" in baseline_line, err[-2000:]
     assert "replay " not in err  # interrupted before the probe was done
     assert "run the same command again" in err
@@ -631,11 +633,16 @@ def test_a_partial_result_never_replaces_a_complete_one(tmp_path: Path) -> None:
     out = tmp_path / "rec.json"
     summary(loadertune("search", str(a), "--out", str(out), "--json", *FAST, "--", "500"))
     complete = out.read_bytes()
+    # SIGTERM once the baseline is in: every worker setting is pruned here, and the rest of the
+    # search takes a few seconds (a fork per launch); waiting for three trials, the SIGTERM came
+    # after the search, its handler gone with it (-15, not 143).
     args = ["search", str(a), "--out", str(out), "--budget", "120", "--window", "0.3"]
     proc = _start_and_wait(
         [*args, "--study", "partial-vs-complete", "--fresh", "--save-partial", "--", "100000"],
         "partial-vs-complete",
+        n_complete=1,
     )
+    assert proc.poll() is None, "the search ended before the SIGTERM: the test tests nothing"
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 143, err[-2000:]
