@@ -60,6 +60,23 @@ POLL_S = 0.05  # how often the server reaps its forks while no request comes
 READY_TIMEOUT_S = 30.0  # the server's imports (torch, the script's packages), on a loaded machine
 
 
+def start_module(
+    python: str, module: str, env: dict[str, str], log: Path, fd: int
+) -> subprocess.Popen[bytes]:
+    """``python -m module`` in a session of its own (its process group, away from the
+    terminal's Ctrl-C), no standard input, its output in ``log``, inheriting descriptor ``fd``."""
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [python, "-m", module],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            pass_fds=(fd,),
+            start_new_session=True,
+        )
+
+
 class ForkServerError(OSError):
     """The server did not answer: launches start fresh processes instead."""
 
@@ -78,16 +95,8 @@ class ForkServer:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         spec = {"fd": theirs.fileno(), "parent_pid": os.getpid(), "preload": preload}
         self.preload = preload
-        with log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                [python, "-m", "loadertune.trials.forkserver"],
-                env={**os.environ, SERVER_ENV: json.dumps(spec)},
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                pass_fds=(theirs.fileno(),),
-                start_new_session=True,
-            )
+        env = {**os.environ, SERVER_ENV: json.dumps(spec)}
+        self.proc = start_module(python, "loadertune.trials.forkserver", env, log, theirs.fileno())
         theirs.close()
         self._sock = ours
         self._exits: dict[int, int] = {}

@@ -27,7 +27,7 @@ from loadertune.measure import failures
 from loadertune.trials import messages
 from loadertune.trials.channel import Channel
 from loadertune.trials.child import SPEC_ENV
-from loadertune.trials.forkserver import ForkServer, ForkServerError
+from loadertune.trials.forkserver import ForkServer, ForkServerError, start_module
 from loadertune.trials.runner import TrialResult
 from loadertune.trials.supervisor import Supervisor
 
@@ -147,16 +147,7 @@ def start_child(
             theirs.close()
     chan, theirs = Channel.pair()
     env = _env(spec, theirs.fileno())
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [python, "-m", "loadertune.trials.child"],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            pass_fds=(theirs.fileno(),),
-            start_new_session=True,
-        )
+    proc = start_module(python, "loadertune.trials.child", env, log, theirs.fileno())
     theirs.close()
     return Launch(proc, chan, log)
 
