@@ -9,7 +9,10 @@ in interleaved rounds (the order alternating), after a first launch that starts 
     python scripts/bench_launch.py [--rounds 4] [--launches 2] SCRIPT [-- SCRIPT_ARGS]
     python scripts/bench_launch.py examples/train_images.py -- --epochs 5
 
-Prints the median, the range and the ratio of medians.
+Prints the median, the range and the ratio of medians. With ``--rates BS:W,...`` it checks
+instead that a forked launch measures what a fresh one does: each setting (batch size, workers;
+persistent workers, prefetch 2, when W > 0) is measured in a launch of its own, both ways, in
+interleaved rounds, and the medians of samples/s are printed side by side.
 """
 
 from __future__ import annotations
@@ -51,13 +54,58 @@ def relaunches(script: str, args: list[str], *, fork_server: bool, n: int) -> li
     return times
 
 
+def rates(
+    script: str, args: list[str], configs: list[Config], *, fork_server: bool
+) -> dict[Config, float]:
+    """Samples/s of each of ``configs``, each in a fresh launch (after the script's own)."""
+    runner = ScriptRunner(script, args, fork_server=fork_server, loader=1)
+    got = {}
+    try:
+        runner.run(None, window=window_for(Config(1), window_s=1.0), limits=LIMITS)
+        for config in configs:
+            runner._end_launch()
+            result = runner.run(config, window=window_for(config, window_s=1.5), limits=LIMITS)
+            if not result.ok or result.samples_per_s is None:
+                raise SystemExit(f"{config.label()} failed: {result.failure}")
+            got[config] = result.samples_per_s
+    finally:
+        runner.close()
+    return got
+
+
+def compare_rates(args: argparse.Namespace) -> None:
+    configs = []
+    for item in args.rates.split(","):
+        bs, workers = (int(x) for x in item.split(":"))
+        configs.append(Config(bs, workers, 2, False, True) if workers else Config(bs))
+    got: dict[tuple[bool, Config], list[float]] = {}
+    for r in range(args.rounds):
+        for way in (True, False) if r % 2 == 0 else (False, True):
+            for config, rate in rates(
+                args.script, args.script_args, configs, fork_server=way
+            ).items():
+                got.setdefault((way, config), []).append(rate)
+    for config in configs:
+        fork, fresh = got[(True, config)], got[(False, config)]
+        print(
+            f"{config.label():<28} fresh {statistics.median(fresh):>9,.0f} "
+            f"({min(fresh):,.0f}..{max(fresh):,.0f})  forked {statistics.median(fork):>9,.0f} "
+            f"({min(fork):,.0f}..{max(fork):,.0f})  "
+            f"forked / fresh {statistics.median(fork) / statistics.median(fresh):.3f}"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("script")
     ap.add_argument("script_args", nargs="*")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--launches", type=int, default=2, help="timed launches per round and way")
+    ap.add_argument("--rates", help="BS:W,...: compare the rates measured, not the launch time")
     args = ap.parse_args()
+    if args.rates:
+        compare_rates(args)
+        return
     got: dict[bool, list[float]] = {True: [], False: []}
     for r in range(args.rounds):
         for way in (True, False) if r % 2 == 0 else (False, True):

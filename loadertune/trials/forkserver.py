@@ -19,7 +19,9 @@ process, and why it does not matter:
   seeded again from the OS, as a fresh interpreter's are (both reseed themselves after a fork
   today; this does it too, for numpy versions that do not). torch's default generator is never
   drawn from in the server: it holds the fixed seed every fresh process starts with;
-- its memory shares the server's pages: the trial's PSS counts half of them, not all;
+- its memory shares the server's pages: the trial's PSS counts half of them, not all (the
+  server's objects are frozen, ``gc.freeze``, before each fork, so that the fork's collections
+  leave their pages shared rather than copying them mid-trial);
 - the server is single-threaded in Python and has initialised neither CUDA nor torch's OpenMP
   pool (a fork after either breaks the child); numpy's OpenBLAS pool, which ``import torch``
   starts, is re-created by OpenBLAS's own fork handler, as in every forked DataLoader worker.
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import gc
 import importlib
 import importlib.util
 import json
@@ -342,6 +345,9 @@ def serve() -> None:
             break
         sys.stdout.flush()
         sys.stderr.flush()
+        # What the server holds stays shared: a collection in the fork would otherwise write
+        # to every object's GC header, copying the imports' pages in the middle of a trial.
+        gc.freeze()
         pid = os.fork()
         if pid == 0:
             _become_trial(server, json.loads(data), fds[0])
