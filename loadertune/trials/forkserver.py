@@ -57,10 +57,11 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 SERVER_ENV = "LOADERTUNE_FORKSERVER"
 MAX_MESSAGE = 1 << 20  # one request: the environment and a log path
 POLL_S = 0.05  # how often the server reaps its forks while no request comes
-READY_TIMEOUT_S = 30.0  # the server's imports (torch, the script's packages), on a loaded machine
 
 
 def start_module(
@@ -109,16 +110,17 @@ class ForkServer:
     def alive(self) -> bool:
         return self.proc.poll() is None and self._sock.fileno() >= 0
 
-    def fork(self, env: dict[str, str], log: Path, channel_fd: int) -> Forked:
+    def fork(self, env: dict[str, str], log: Path, channel_fd: int, *, timeout_s: float) -> Forked:
         """A trial process, forked by the server: ``env`` its environment, ``log`` its output,
         ``channel_fd`` (this process's descriptor; the fork gets its own copy) its channel.
-        Raises ForkServerError when the server does not answer."""
+        Raises ForkServerError when the server does not answer within ``timeout_s`` (the first
+        answer waits for the server's imports: give it what a fresh process would get to start)."""
         request = json.dumps({"env": env, "log": str(log)}).encode()
         try:
             socket.send_fds(self._sock, [request], [channel_fd])
         except OSError as exc:
             raise ForkServerError(f"the fork server took no request: {exc}") from exc
-        deadline = time.monotonic() + READY_TIMEOUT_S
+        deadline = time.monotonic() + timeout_s
         while True:
             msg = self._receive(max(0.0, deadline - time.monotonic()))
             if msg is None:
@@ -132,7 +134,7 @@ class ForkServer:
         the server can no longer report was SIGKILLed with it (its parent-death signal)."""
         while pid not in self._exits and self._receive(0.0) is not None:
             pass
-        if pid not in self._exits and not self.alive and not _exists(pid):
+        if pid not in self._exits and not self.alive and not psutil.pid_exists(pid):
             self._exits[pid] = -signal.SIGKILL
         return self._exits.get(pid)
 
@@ -185,16 +187,6 @@ class Forked:
             time.sleep(0.01)
         assert self.returncode is not None
         return self.returncode
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # -- the server's side -----------------------------------------------------------------------------

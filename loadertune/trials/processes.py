@@ -128,16 +128,23 @@ class Launch:
 
 
 def start_child(
-    python: str, spec: dict[str, Any], log: Path, server: ForkServer | None = None
+    python: str,
+    spec: dict[str, Any],
+    log: Path,
+    server: ForkServer | None = None,
+    *,
+    startup_s: float = 120.0,
 ) -> Launch:
     """A fresh trial process (``python -m loadertune.trials.child``) in a session of its own,
     its channel an inherited descriptor, given its spec; its output goes to ``log``. With a
     fork ``server``, a fork of it instead (:mod:`loadertune.trials.forkserver`); a server that
-    does not answer is closed, and the process is started afresh."""
+    does not answer within ``startup_s`` (the trial's own start-up limit) is closed, and the
+    process is started afresh."""
     if server is not None and server.alive:
         chan, theirs = Channel.pair()
         try:
-            forked = server.fork(_env(spec, theirs.fileno()), log, theirs.fileno())
+            env = _env(spec, theirs.fileno())
+            forked = server.fork(env, log, theirs.fileno(), timeout_s=startup_s)
         except ForkServerError:
             server.close()  # a fork it may still make dies with it
             chan.close()

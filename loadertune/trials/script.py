@@ -243,7 +243,7 @@ class ScriptRunner(BaseRunner):
                 self.python, folder / f"forkserver-{2 if server else 1}.log", preload=preload
             )
         log = folder / f"launch-{self.n_launches}.log"
-        return start_child(self.python, spec, log, self._server)
+        return start_child(self.python, spec, log, self._server, startup_s=request.limits.startup_s)
 
     def _end_launch(self) -> int:
         """Kill the launch (if any); how many of its processes were still alive."""
