@@ -130,7 +130,12 @@ def main() -> None:
                 "grid_settings": len(grid),
                 "grid": result.describe(),
                 "rows": rows,
+                "grid_values": [
+                    {"setting": c.label(), "loader_kwargs": c.loader_kwargs(), "samples_per_s": v}
+                    for c, v in sorted(grid.items(), key=lambda cv: -cv[1])
+                ],
                 "search": rec["search"],
+                "trials": rec["trials"],
             },
             indent=2,
             default=str,

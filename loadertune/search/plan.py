@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from loadertune.config import Config
 from loadertune.measure.window import WindowSpec
-from loadertune.search.space import SearchSpace
+from loadertune.search.space import START_PREFETCH, SearchSpace
 
 MIN_EXPLORED = 3  # search trials that run before any time is kept for the confirmation
 CLIMB_BLOCKED = 0.10  # the best setting waits this much for data: try it with more workers
@@ -43,7 +43,7 @@ def _with_workers(space: SearchSpace, config: Config, workers: int) -> Config:
         dataclasses.replace(
             config,
             num_workers=min(space.max_workers, workers),
-            prefetch_factor=config.prefetch_factor or 2,
+            prefetch_factor=config.prefetch_factor or START_PREFETCH,
             persistent_workers=config.persistent_workers and config.num_workers > 0,
         )
     )
@@ -119,7 +119,12 @@ def more_workers(
     w = best.num_workers
     if blocked[best] >= CLIMB_BLOCKED or w == 0 or w >= space.max_workers:
         return None
-    if any(c.batch_size == best.batch_size and c.num_workers > w for c in values):
+    if any(
+        c.batch_size == best.batch_size
+        and c.num_workers > w
+        and c.prefetch_factor == best.prefetch_factor
+        for c in values
+    ):
         return None
     config = _with_workers(space, best, 2 * w)
     return None if config.num_workers <= w or skip(config) else config

@@ -25,7 +25,7 @@ from typing import Any
 from loadertune.config import Config
 from loadertune.hardware import Hardware
 from loadertune.search.settings import SearchSettings
-from loadertune.search.space import SearchSpace, worker_cap
+from loadertune.search.space import START_PREFETCH, SearchSpace, worker_cap
 from loadertune.trials import TrialResult
 
 IO_BOUND_CPU_FRACTION = 0.5  # loading that computes less than half the time it takes waits on I/O
@@ -318,12 +318,12 @@ def seed_configs(
         variants = [
             Config(lead, min(w, space.max_workers), pf, pin, persist)
             for w, pf in (
+                (first, START_PREFETCH),
+                (first + 1, START_PREFETCH),
+                (need, START_PREFETCH),
+                (first - 1, START_PREFETCH),
                 (first, 2),
-                (first + 1, 2),
-                (need, 2),
-                (first - 1, 2),
-                (first, 4),
-                (min(space.max_workers, est.usable_cpus), 2),
+                (min(space.max_workers, est.usable_cpus), START_PREFETCH),
                 (first, 1),
             )
             if w >= 1
@@ -344,7 +344,7 @@ def seed_configs(
     # Every other batch size once, at the workers it needs (its step's rate is its own).
     for bs in others:
         w = _workers_to_try(est.at(bs), space)[1] if space.max_workers and need else 0
-        wanted.append(Config(bs, w, 2 if w else None, pin, persist and w > 0))
+        wanted.append(Config(bs, w, START_PREFETCH if w else None, pin, persist and w > 0))
     wanted += in_process if last else []
     wanted.extend(variants[1:])
     seeds: list[Config] = []
