@@ -12,7 +12,7 @@ from loadertune.config import Config
 from loadertune.measure.meter import Measurement
 from loadertune.measure.resources import ResourceUsage
 from loadertune.search.probe import Estimates, estimate, seed_configs
-from loadertune.search.space import SearchSpace
+from loadertune.search.space import START_PREFETCH, SearchSpace
 from loadertune.trials import TrialResult
 
 
@@ -274,9 +274,12 @@ def test_seed_configs_respects_limit() -> None:
 
 
 def test_seed_configs_start_at_the_workers_needed() -> None:
+    """With a deeper buffer than torch's default (``START_PREFETCH``); the default is measured
+    beside it."""
     space = SearchSpace(batch_sizes=(64,), max_workers=16)
     seeds = seed_configs(_estimates(5), space, batch_size=64, epoch_length_known=True)
-    assert seeds[0] == Config(64, 5, 2, False, True)
+    assert seeds[0] == Config(64, 5, START_PREFETCH, False, True)
+    assert Config(64, 5, 2, False, True) in seeds
     assert {s.num_workers for s in seeds} >= {4, 5, 6}
     assert all(s.batch_size == 64 for s in seeds)
 
@@ -286,8 +289,8 @@ def test_seed_configs_far_above_the_cpus_start_between_them_and_the_estimate() -
     useful count far lower; start at the geometric mean of 3 and 60 (13), and try 60 too."""
     space = SearchSpace(batch_sizes=(64,), max_workers=64)
     seeds = seed_configs(_estimates(60), space, batch_size=64, epoch_length_known=False)
-    assert seeds[0] == Config(64, 13, 2)
-    assert Config(64, 60, 2) in seeds
+    assert seeds[0] == Config(64, 13, START_PREFETCH)
+    assert Config(64, 60, START_PREFETCH) in seeds
 
 
 def test_seed_configs_cap_workers_at_max() -> None:
@@ -452,7 +455,7 @@ def test_a_tied_batch_size_whose_batches_outlast_the_window_is_explored_after_th
     seeds = seed_configs(est, space, batch_size=256, epoch_length_known=False, window_s=slow)
     assert [c.batch_size for c in seeds[:3]] == [16, 64, 256], seeds
     # ... and loading in-process at 256, slower still, after every other batch size
-    assert seeds.index(Config(256)) > seeds.index(Config(64, 2, 2)), seeds
+    assert seeds.index(Config(256)) > seeds.index(Config(64, 2, START_PREFETCH)), seeds
     seeds = seed_configs(est, space, batch_size=256, epoch_length_known=False, window_s=60.0)
     assert [c.batch_size for c in seeds[:3] if c.num_workers] == [256, 16], seeds
     assert seeds[1] == Config(256), seeds

@@ -890,8 +890,8 @@ def test_a_best_at_its_steps_own_rate_tries_another_batch_size_though_it_reads_a
 def test_a_best_that_hardly_waits_is_still_tried_with_twice_its_workers_while_that_wins() -> None:
     """The model says more workers buy a best that does not wait nothing; the machine may
     disagree (the workers and the step share its CPUs). Doubling is tried once, and again while
-    it wins; a larger count that lost, a best that waits (the climbs' case) or a best without
-    workers stops it."""
+    it wins; a larger count that lost with the same buffer, a best that waits (the climbs' case)
+    or a best without workers stops it."""
     from loadertune.search import plan
     from loadertune.search.space import SearchSpace
 
@@ -912,6 +912,10 @@ def test_a_best_that_hardly_waits_is_still_tried_with_twice_its_workers_while_th
     assert more() is None
     values, blocked = {Config(32): 300.0}, {Config(32): 0.0}  # in-process: the probe's case
     assert more() is None
+    # a larger count that ran with another buffer does not stop a best with a deeper one
+    values = {Config(128, 2, 4): 500.0, Config(128, 4, 2): 450.0}
+    blocked = {Config(128, 2, 4): 0.02, Config(128, 4, 2): 0.02}
+    assert more() == Config(128, 4, 4)
 
 
 @pytest.mark.parametrize(
