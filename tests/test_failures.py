@@ -225,6 +225,17 @@ def test_classify_exit_sigkill_is_host_oom() -> None:
     assert classify_exit(-9).kind == "host_oom"
 
 
+def test_a_fork_that_died_with_its_server_is_classified_by_the_servers_end() -> None:
+    """Its own status is the parent-death signal (SIGKILL) whatever ended the server: a server
+    killed by SIGKILL may be the OOM killer's doing, one that crashed or exited is not."""
+    oom = classify_exit(-signal.SIGKILL, server_code=-signal.SIGKILL)
+    assert oom.kind == "host_oom" and "fork server" in oom.message
+    crashed = classify_exit(-signal.SIGKILL, output="tail", server_code=-signal.SIGSEGV)
+    assert crashed.kind == "trial_crashed" and "SIGSEGV" in crashed.message
+    assert "LOADERTUNE_FORK_SERVER=0" in crashed.advice and crashed.detail == "tail"
+    assert "exited (1)" in classify_exit(-signal.SIGKILL, server_code=1).message
+
+
 def test_classify_exit_sigsegv_is_trial_crashed() -> None:
     failure = classify_exit(-11, output="last lines")
     assert failure.kind == "trial_crashed"

@@ -155,3 +155,26 @@ def test_a_preload_that_starts_a_thread_falls_back_to_torch_alone(
     facts = _facts(out)
     assert [f["ppid"] for f in facts] == [os.getpid(), server.proc.pid]
     assert "cannot fork after the preload: an import started a thread" in server_log
+
+
+@pytest.mark.slow
+def test_a_trial_that_dies_with_its_server_says_so(tmp_path: Path) -> None:
+    """The fork dies of its parent-death signal (SIGKILL) when the server ends mid-trial; that
+    is not the out-of-memory killer's doing, and the trial's cause names the server instead.
+    The search goes on: the next launch starts afresh."""
+    runner = ScriptRunner(SCRIPTS / "slow_samples.py", [], loader=1, fork_server=True)
+    try:
+        _run(runner, None)  # the server is up, and the script's loader is known
+        server = runner._server
+        assert server is not None
+        timer = threading.Timer(2.0, os.kill, (server.proc.pid, signal.SIGTERM))
+        timer.start()
+        config = Config(8, 2, 2)
+        result = runner.run(config, window=window_for(config, window_s=30.0), limits=LIMITS)
+        timer.join()
+        assert not result.ok
+        assert result.failure is not None and result.failure.kind == "trial_crashed"
+        assert "fork server" in result.failure.message and "SIGTERM" in result.failure.message
+        _run(runner, Config(8, 1, 2))
+    finally:
+        runner.close()

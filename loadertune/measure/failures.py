@@ -315,8 +315,31 @@ def classify_exception(
     return classify_text(text, where=where, detail=detail, num_workers=num_workers)
 
 
-def classify_exit(returncode: int, *, output: str = "") -> Failure:
-    """Classify a trial process that ended without reporting a result."""
+def _died_with_server(server_code: int, output: str) -> Failure:
+    if server_code == -signal.SIGKILL:
+        return Failure(
+            FailureKind.HOST_OOM,
+            "the fork server that started the trial process was killed (SIGKILL), most likely by "
+            "the out-of-memory killer, and the trial process died with it",
+            _HOST_OOM_ADVICE,
+            detail=output,
+        )
+    how = f"died of {_signal_name(-server_code)}" if server_code < 0 else f"exited ({server_code})"
+    return Failure(
+        FailureKind.TRIAL_CRASHED,
+        f"the fork server that started the trial process {how}, and the trial process died with it",
+        "the next launch starts afresh; if this repeats, set LOADERTUNE_FORK_SERVER=0 (every "
+        "launch a fresh interpreter) and report it",
+        detail=output,
+    )
+
+
+def classify_exit(returncode: int, *, output: str = "", server_code: int | None = None) -> Failure:
+    """Classify a trial process that ended without reporting a result. ``server_code``: the trial
+    process was a fork of the search's fork server, which ended first (with that status), and it
+    died with it: the server's end is the cause."""
+    if server_code is not None:
+        return _died_with_server(server_code, output)
     if returncode < 0:
         sig = -returncode
         if sig == signal.SIGKILL:

@@ -104,6 +104,7 @@ class ForkServer:
         theirs.close()
         self._sock = ours
         self._exits: dict[int, int] = {}
+        self.lost: set[int] = set()  # forks whose end the server, gone, could not report
         self.n_forks = 0
 
     @property
@@ -136,6 +137,7 @@ class ForkServer:
             pass
         if pid not in self._exits and not self.alive and not psutil.pid_exists(pid):
             self._exits[pid] = -signal.SIGKILL
+            self.lost.add(pid)
         return self._exits.get(pid)
 
     def _receive(self, timeout_s: float) -> dict[str, Any] | None:
@@ -178,6 +180,12 @@ class Forked:
         if self.returncode is None:
             self.returncode = self._server.returncode(self.pid)
         return self.returncode
+
+    @property
+    def died_with_server(self) -> int | None:
+        """The server's own exit status when this fork's end was not reported but inferred:
+        the server ended first, and the fork died of its parent-death signal. None otherwise."""
+        return self._server.proc.returncode if self.pid in self._server.lost else None
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -27,7 +27,7 @@ from loadertune.measure import failures
 from loadertune.trials import messages
 from loadertune.trials.channel import Channel
 from loadertune.trials.child import SPEC_ENV
-from loadertune.trials.forkserver import ForkServer, ForkServerError, start_module
+from loadertune.trials.forkserver import Forked, ForkServer, ForkServerError, start_module
 from loadertune.trials.runner import TrialResult
 from loadertune.trials.supervisor import Supervisor
 
@@ -201,5 +201,8 @@ def exited(
     for msg, chan in late():
         if handle(msg, chan):
             return True
-    trial.result.failure = failures.classify_exit(code, output=tail(trial.log))
+    server_code = trial.proc.died_with_server if isinstance(trial.proc, Forked) else None
+    trial.result.failure = failures.classify_exit(
+        code, output=tail(trial.log), server_code=server_code
+    )
     return True
