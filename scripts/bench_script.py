@@ -13,12 +13,16 @@
 
     python scripts/bench_script.py [--budget 60] [--rounds 5] [--batch-sizes 16,32,64,128]
         [-- SCRIPT ARGS]
+
+``--compare BS:W[:PF][:persist],...`` skips the search and the grid: those settings alone, whole
+epochs, side by side in ``--rounds`` interleaved rounds (medians and ranges).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,6 +39,38 @@ from loadertune.trials.script import ScriptRunner
 import benchlib
 
 ROOT = Path(__file__).resolve().parent.parent
+LIMITS = Limits(timeout_s=120, startup_s=90, hang_s=20)
+
+
+def epoch_rate(runner: ScriptRunner, config: Config) -> float | None:
+    """``config``'s samples/s over a whole epoch of the script (a window for an epoch of over
+    30 s)."""
+    window = window_for(config, window_s=30.0, whole_epoch=True)
+    return runner.run(config, window=window, limits=LIMITS).epoch_samples_per_s
+
+
+def parse_setting(text: str) -> Config:
+    """``BS:W[:PF][:persist]`` (prefetch 2 when left out)."""
+    parts = text.split(":")
+    persist = parts[-1] == "persist"
+    numbers = [int(p) for p in (parts[:-1] if persist else parts)]
+    bs, workers, pf = (*numbers, 2)[:3]
+    return Config(bs, workers, pf if workers else None, False, persist and workers > 0)
+
+
+def compare_only(args: argparse.Namespace) -> None:
+    configs = [parse_setting(t) for t in args.compare.split(",")]
+    runner = ScriptRunner(args.script, args.script_args, loader=1)
+    try:
+        measured = benchlib.side_by_side(lambda c: epoch_rate(runner, c), configs, args.rounds)
+    finally:
+        runner.close()
+    print(f"\nsamples/s per epoch (whole epochs), {args.rounds} interleaved rounds\n")
+    for config, values in measured.items():
+        print(
+            f"{config.label():<28} median {statistics.median(values):>8,.0f}  "
+            f"({min(values):,.0f}..{max(values):,.0f})  {[round(v) for v in values]}"
+        )
 
 
 def main() -> None:
@@ -53,11 +89,15 @@ def main() -> None:
         default=100,
         help="above this many settings the grid is measured coarse to fine (benchlib)",
     )
+    ap.add_argument("--compare", help="BS:W[:PF][:persist],...: only these settings, side by side")
     ap.add_argument("--out", default="bench-results/bench_script.json")
     ap.add_argument("script_args", nargs="*", default=["--epochs", "5"])
     args = ap.parse_args()
     hw = hardware.detect()
     print(f"machine: {hw.describe()}\ncommand: python {' '.join(sys.argv)}", flush=True)
+    if args.compare:
+        compare_only(args)
+        return
 
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.monotonic()
@@ -89,14 +129,12 @@ def main() -> None:
     )
 
     runner = ScriptRunner(args.script, args.script_args, loader=rec["workload"]["loader_index"])
-    limits = Limits(timeout_s=120, startup_s=90, hang_s=20)
 
     def measure(config: Config) -> float | None:
         if args.truth == "epoch":
-            window = window_for(config, window_s=30.0, whole_epoch=True)
-        else:
-            window = window_for(config, window_s=args.window)
-        return runner.run(config, window=window, limits=limits).epoch_samples_per_s
+            return epoch_rate(runner, config)
+        window = window_for(config, window_s=args.window)
+        return runner.run(config, window=window, limits=LIMITS).epoch_samples_per_s
 
     space = benchlib.space_from(rec["search"])
     t0 = time.monotonic()

@@ -45,7 +45,8 @@ batch from a worker in ``recv(B) = r0 + r1*B*S`` (inside ``next()``).
   queue of ``N = 1 + n*pf/v`` places, ``a*(1 - r^N)/(1 - r^(N+1))`` (``a`` the slower stage,
   ``r`` slower/faster; ``a*N/(N+1)`` at equal rates), stands for it: a deeper buffer, or more
   workers, gain where the two stages are close. On the 2-CPU machine the image example at
-  batch 128 with 2 workers made 686 samples/s with ``prefetch_factor=2`` and 740 with 8.
+  batch 128 with 2 workers made 709 samples/s with ``prefetch_factor=2`` and 742 with 8 (with
+  1 worker 624 and 680; ``bench_script.py --compare``).
 
 * Epoch rate (what the driver maximises): ``N / (N/rate + start)`` with ``N`` samples per epoch
   and ``start = startup(n)*(not persistent) + B*t_w`` (a new epoch waits for a worker to make its
@@ -349,8 +350,8 @@ def buffered(produce: Any, consume: Any, slots: Any, variability: float) -> Any:
     batches lose a fifth."""
     slow, fast = np.minimum(produce, consume), np.maximum(produce, consume)
     r = slow / fast
-    size = 1 + slots / max(variability, 1e-9)
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+    size = 1 + slots / variability
+    with np.errstate(invalid="ignore", divide="ignore"):  # r == 1: taken from the other branch
         general = (1 - r**size) / (1 - r ** (size + 1))
     return slow * np.where(np.abs(1 - r) < 1e-9, size / (size + 1), general)
 

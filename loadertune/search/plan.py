@@ -109,9 +109,9 @@ def more_workers(
     the CPUs, and how they share them is not in the model: on the 2-CPU benchmark machine the
     example script at batch 128 made 353 samples/s with 1 worker, hardly waiting, and 612 with 3.
     So the best explored setting is tried with twice its workers, and again while that wins:
-    None once a setting with more workers at its batch size has been measured (it lost, or it
-    would be the best), when the best waits (the climbs add workers), or runs in the loop's own
-    process (the probe and the seeds measure workers)."""
+    None once a setting with more workers at its batch size and the same prefetch factor has
+    been measured (it lost, or it would be the best), when the best waits (the climbs add
+    workers), or runs in the loop's own process (the probe and the seeds measure workers)."""
     explored = [c for c in blocked if c in values]
     if not explored:
         return None

@@ -22,9 +22,11 @@ DEFAULT_PREFETCH_FACTORS = (1, 2, 4, 8)
 # torch's default of 2 is the shallow end. Workers and the step both vary batch to batch, and
 # whichever runs ahead waits once the buffer is full or empty; where they share the CPUs a
 # stalled worker's CPU goes to the step's spinning threads. On the 2-CPU benchmark machine the
-# image example at batch 128 with 2 persistent workers made 686 samples/s with 2 and 740 with 8
-# (whole epochs, 4 interleaved rounds each); the exhaustive grid's best there has 4. The seeds
-# still measure 2 (and 1) beside it, and the shared-memory budget lowers it where it must.
+# image example at batch 128 with persistent workers made 709 samples/s with 2 workers and
+# prefetch 2, 742 with 8; with 1 worker 624 and 680; at batch 32 it did not help (615, 594)
+# (`scripts/bench_script.py --compare`, whole epochs, 4 interleaved rounds). The exhaustive
+# grid's best settings there had 4 or 8. The seeds still measure 2 (and 1) beside it, and the
+# shared-memory budget lowers it where it must.
 START_PREFETCH = 4
 MAX_WORKERS_HARD = 256
 
