@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 
@@ -233,6 +234,25 @@ def in_turn(run: Callable[[Config], TrialResult]) -> RunInTurn:
 
 
 def test_confirm_runs_interleaved_rounds(clock: _Clock) -> None:
+    """Three settings within each other's noise: every round runs all three, rotated."""
+    rates: dict[Config, list[float | None]] = {
+        A: [100.0, 130.0, 90.0],
+        B: [110.0, 95.0, 125.0],
+        C: [105.0, 120.0, 100.0],
+    }
+    run, ran = _runner(clock, rates)
+    outcome = confirm(run, [B, C], A, rounds=3, deadline=1000.0, trial_wall_s=10.0)
+    assert ran == [B, C, A, C, A, B, A, B, C]
+    assert outcome.baseline == A
+    assert outcome.values == {B: [110.0, 95.0, 125.0], C: [105.0, 120.0, 100.0], A: rates[A]}
+    assert [len(outcome.results[c]) for c in (A, B, C)] == [3, 3, 3]
+    assert outcome.winner == B
+    assert outcome.clearly_better is False
+
+
+def test_a_setting_clearly_behind_leaves_the_rounds(clock: _Clock) -> None:
+    """After two rounds C (150) and the baseline A (100) are clearly behind B (200, 210): the
+    rounds go on without them, and end once B alone may win."""
     rates: dict[Config, list[float | None]] = {
         A: [100.0, 101.0, 99.0],
         B: [200.0, 210.0, 190.0],
@@ -240,23 +260,49 @@ def test_confirm_runs_interleaved_rounds(clock: _Clock) -> None:
     }
     run, ran = _runner(clock, rates)
     outcome = confirm(run, [B, C], A, rounds=3, deadline=1000.0, trial_wall_s=10.0)
-    assert ran == [B, C, A, C, A, B, A, B, C]
-    assert outcome.baseline == A
-    assert outcome.values == {B: [200.0, 210.0, 190.0], C: [150.0] * 3, A: [100.0, 101.0, 99.0]}
-    assert [len(outcome.results[c]) for c in (A, B, C)] == [3, 3, 3]
+    assert ran == [B, C, A, C, A, B]
+    assert outcome.values == {B: [200.0, 210.0], C: [150.0] * 2, A: [100.0, 101.0]}
     assert outcome.winner == B
     assert outcome.clearly_better is True
 
 
+def test_the_baseline_stays_two_rounds_however_far_behind(clock: _Clock) -> None:
+    """One round says little (the noise is not known yet): the baseline is measured twice, so
+    that "clearly faster" has two rounds of each side."""
+    run, ran = _runner(clock, {A: [10.0, 11.0, 10.0], B: [200.0, 190.0, 210.0]})
+    confirm(run, [B], A, rounds=3, deadline=1000.0, trial_wall_s=10.0)
+    assert ran == [B, A, A, B]
+
+
+def test_rounds_go_on_to_the_cap_while_settings_are_close(clock: _Clock) -> None:
+    rates: dict[Config, list[float | None]] = {A: [100.0, 104.0] * 4, B: [103.0, 99.0] * 4}
+    run, ran = _runner(clock, rates)
+    confirm(run, [B], A, rounds=8, deadline=1000.0, trial_wall_s=10.0)
+    assert len(ran) == 16
+
+
+def test_noise_sigma_pools_repeated_settings_with_a_prior() -> None:
+    assert confirm_mod.noise_sigma({}) == pytest.approx(confirm_mod.PRIOR_SIGMA)
+    assert confirm_mod.noise_sigma({A: [100.0]}) == pytest.approx(confirm_mod.PRIOR_SIGMA)
+    quiet = {c: [100.0, 100.0] for c in (A, B, C)} | {Config(8): [50.0, 50.0]}
+    # four settings measured twice, identical: 4 degrees of freedom of zero spread
+    expected = math.sqrt(
+        confirm_mod.PRIOR_DOF * confirm_mod.PRIOR_SIGMA**2 / (confirm_mod.PRIOR_DOF + 4)
+    )
+    assert confirm_mod.noise_sigma(quiet) == pytest.approx(expected)
+    noisy = {A: [100.0, 200.0], B: [100.0, 50.0]}
+    assert confirm_mod.noise_sigma(noisy) > confirm_mod.PRIOR_SIGMA
+
+
 def test_confirm_stops_at_the_deadline(clock: _Clock) -> None:
     """A trial that would end past the deadline is not started."""
-    rates: dict[Config, list[float | None]] = {A: [100.0] * 3, B: [200.0] * 3, C: [150.0] * 3}
+    rates: dict[Config, list[float | None]] = {A: [100.0] * 3, B: [105.0] * 3, C: [102.0] * 3}
     run, ran = _runner(clock, rates)
     outcome = confirm(run, [A, B], C, rounds=3, deadline=55.0, trial_wall_s=10.0)
     # t=0 A, 10 B, 20 C, 30 B, 40 C; at 50 the next would end at 60 > 55
     assert ran == [A, B, C, B, C]
     assert clock.now == 50.0
-    assert outcome.values == {A: [100.0], B: [200.0, 200.0], C: [150.0, 150.0]}
+    assert outcome.values == {A: [100.0], B: [105.0, 105.0], C: [102.0, 102.0]}
 
 
 def test_a_slow_baseline_is_not_started_when_its_own_wall_time_would_pass_the_deadline(

@@ -184,6 +184,24 @@ def test_an_epoch_as_short_as_a_trial_is_measured_whole(tmp_path, hw, epoch_samp
         assert not whole
 
 
+def test_a_setting_measured_slow_gets_a_window_where_the_best_gets_whole_epochs(
+    tmp_path, hw
+) -> None:
+    """An epoch of 40 samples takes 0.007 s at the best's 6000 samples/s (whole, under two
+    trials of 0.01 s) and 0.1 s at the baseline's 400: re-measured in the confirmation, the
+    baseline gets a window, not a whole epoch ten trials long (a slow baseline's whole epoch
+    once ran 54 s past a search's deadline in the simulator)."""
+    runner = FakeRunner(io_landscape, epoch_samples=40)
+    outcome = Search(
+        runner, hardware=hw, baseline=Config(32), batch_sizes=[32], settings=settings(tmp_path)
+    ).run()
+    trials = zip(runner.windows, runner.log, strict=True)
+    confirmed = [(c, w) for (p, w), (_, c) in trials if p == "confirm"]
+    assert any(c == Config(32) for c, _ in confirmed)
+    assert all(not w.whole_epoch for c, w in confirmed if c == Config(32))
+    assert any(w.whole_epoch for c, w in confirmed if c == outcome.winner)
+
+
 def test_no_setting_is_measured_twice_while_exploring(tmp_path, hw) -> None:
     runner = FakeRunner(io_landscape)
     Search(

@@ -3,13 +3,21 @@
 The best of many noisy measurements is biased upwards (the winner's curse), and a shared machine
 drifts, so the search's own figures do not decide. The finalists and the user's baseline are
 measured again in interleaved rounds (A B C, B C A, C A B, ...: no setting always runs first or
-last) and the winner is the highest *median*. The winner clearly beats the baseline only when its
-worst round beats the baseline's best round; with three rounds each, that happens by chance with
-probability 1/20 when the two are really equal. Otherwise the result is reported as within noise.
-"""
+last) and the winner is the highest *median*. The rounds go on while time is left and more than
+one setting may still win: after each round a setting clearly behind the leader (its mean log
+rate :data:`ELIMINATE_Z` standard errors below, with the noise pooled from every setting measured
+more than once) leaves them, so the time goes to the settings still close, the successive
+elimination of best-arm identification. Over 1000 simulated workloads of a fresh seed this took
+the share of picks below 0.95 of the best from 29.4% to 27.1% in-process and from 30.7% to 29.1%
+for scripts (``scripts/simulate.py``; the README has the command).
+
+The winner clearly beats the baseline only when its worst round beats the baseline's best round;
+with three rounds each, that happens by chance with probability 1/20 when the two are really
+equal. Otherwise the result is reported as within noise."""
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -140,7 +148,7 @@ def confirm(
     decides less;
     ``prior_sub_windows``: their sub-window rates, for the test of a tight budget's rounds."""
     configs = list(dict.fromkeys([*finalists, baseline]))
-    order = interleaved(configs, rounds)
+    order: list[Config] = list(configs)  # grows a round at a time, rotated
     outcome = Confirmation(
         baseline=baseline,
         prior_sub_windows={c: list(v) for c, v in (prior_sub_windows or {}).items()},
@@ -150,6 +158,7 @@ def confirm(
             outcome.values[config] = list(prior[config])
 
     done = 0
+    stopped = False
 
     def fits() -> bool:
         """The next trial (its setting's own wall time when known) ends by the deadline."""
@@ -159,7 +168,7 @@ def confirm(
         return time.monotonic() + wall <= deadline
 
     def record(result: TrialResult) -> bool:
-        nonlocal done
+        nonlocal done, stopped
         done += 1
         config = result.config
         outcome.results.setdefault(config, []).append(result)
@@ -167,8 +176,66 @@ def confirm(
         outcome.values.setdefault(config, [])
         if value is not None and not result.pruned:
             outcome.values[config].append(value)
-        return fits()
+        more = fits()
+        stopped = stopped or (not more and done < len(order))
+        return more
 
-    if measure_first or fits():
-        run_in_turn(order, record)
+    if not (measure_first or fits()):
+        return outcome
+    for r in range(rounds):
+        if r:
+            order += [configs[(i + r) % len(configs)] for i in range(len(configs))]
+            if not fits():
+                break
+        run_in_turn(order[done:], record)
+        if stopped:
+            break
+        configs = still_in(configs, outcome.values, baseline)
+        if len(configs) <= 1:
+            break
     return outcome
+
+
+# A finalist this many standard errors behind the leader (in mean log rate) leaves the rounds.
+ELIMINATE_Z = 2.0
+# Until settings have been measured again, the noise is taken to be this (log rate, between two
+# trials of one setting), with this weight in degrees of freedom: trials on the shared 2-CPU
+# machine differ by 5-30%.
+PRIOR_SIGMA, PRIOR_DOF = 0.2, 3
+
+
+def noise_sigma(values: Mapping[Config, Sequence[float]]) -> float:
+    """The spread of log rates between measurements of one setting, pooled over the settings
+    measured more than once, shrunk towards PRIOR_SIGMA."""
+    ss, dof = PRIOR_DOF * PRIOR_SIGMA**2, PRIOR_DOF
+    for vals in values.values():
+        logs = [math.log(v) for v in vals if v > 0]
+        if len(logs) >= 2:
+            ss += statistics.variance(logs) * (len(logs) - 1)
+            dof += len(logs) - 1
+    return math.sqrt(ss / dof)
+
+
+def still_in(
+    configs: Sequence[Config], values: Mapping[Config, Sequence[float]], baseline: Config
+) -> list[Config]:
+    """The settings that may still win: those not clearly behind the leader (by mean log rate,
+    ELIMINATE_Z standard errors); the baseline stays for two rounds."""
+    sigma = noise_sigma(values)
+    logs = {c: [math.log(v) for v in values.get(c, []) if v > 0] for c in configs}
+    means = {c: statistics.fmean(v) for c, v in logs.items() if v}
+    if not means:
+        return list(configs)
+    lead = max(means, key=lambda c: means[c])
+    keep = []
+    for c in configs:
+        if c == lead or c not in means:
+            keep.append(c)
+            continue
+        if c == baseline and len(logs[c]) < 2:
+            keep.append(c)
+            continue
+        se = sigma * math.sqrt(1 / len(logs[c]) + 1 / len(logs[lead]))
+        if means[lead] - means[c] <= ELIMINATE_Z * se:
+            keep.append(c)
+    return keep

@@ -117,7 +117,7 @@ class Search:
     def _window(self, config: Config | None, phase: str = "search") -> WindowSpec:
         # The opening's replay (one batch again and again) and probe (its steady rate per
         # sample: the estimates' input) are windows; the settings the search ranks, whole epochs.
-        epoch_s = None if phase in ("replay", "probe") else self._short_epoch_s()
+        epoch_s = None if phase in ("replay", "probe") else self._short_epoch_s(config)
         if epoch_s is not None:
             return window_for(config or Config(1), window_s=epoch_s, whole_epoch=True)
         # In-process loading has no buffer to drain: one batch of warm-up after the first.
@@ -128,13 +128,20 @@ class Search:
             min_warmup=1 if in_process else 2,
         )
 
-    def _short_epoch_s(self) -> float | None:
+    def _short_epoch_s(self, config: Config | None) -> float | None:
+        """An epoch's time when ``config``'s epochs are short enough to measure whole: at the
+        best rate so far, or at ``config``'s own when this run measured it slower (a slow
+        baseline's whole epoch could take minutes where the best's takes a second)."""
         if self.settings.live or not self.runner.epoch_samples:
             return None
+        rate = self.ledger.robust_best()
+        own = self.ledger.samples.get(config) if config is not None else None
+        if own:
+            rate = min(rate, max(own))
         return short_epoch_s(
             self.ledger.trials,
             epoch_samples=self.runner.epoch_samples,
-            rate=self.ledger.robust_best(),
+            rate=rate,
             default_wall_s=self.settings.trial_window_s + 1.0,
         )
 
@@ -311,10 +318,9 @@ class Search:
         # are left out, rather than the confirmation: one lucky figure must not decide.
         while len(finalists) > 1 and round_s(finalists) > self._remaining():
             finalists = finalists[:-1]
-        rounds = min(
-            self.settings.confirm_rounds,
-            int(self._remaining() // max(round_s(finalists), 1e-9)),
-        )
+        # Rounds go on while a finalist may still win and time is left (``confirm`` leaves out
+        # the settings clearly behind): the budget the exploration did not use decides more.
+        rounds = self.settings.confirm_rounds if round_s(finalists) <= self._remaining() else 0
         # The winner must have figures from this run: a resumed search's leader measured only
         # in an earlier run is measured once even past the deadline.
         unmeasured = bool(finalists) and not any(

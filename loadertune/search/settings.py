@@ -27,7 +27,9 @@ class SearchSettings:
             script's imports, dataset and model set-up); later trials get a limit from it.
         max_workers: the user's cap on ``num_workers`` (None: derived from the machine).
         finalists: settings besides the baseline re-measured at the end.
-        confirm_rounds: interleaved rounds of that re-measurement.
+        confirm_rounds: at most this many interleaved rounds of that re-measurement; they go
+            on while time is left and more than one setting may still win (a setting clearly
+            behind the leader leaves the rounds).
         patience: stop exploring after this many trials without a gain of ``min_gain``.
         min_gain: relative gain that counts as an improvement (below it is noise).
         prune_ratio: stop a trial mid-window when its rate is below this fraction of the best.
@@ -56,8 +58,8 @@ class SearchSettings:
     window_s: float | None = None
     startup_timeout_s: float = 120.0
     max_workers: int | None = None
-    finalists: int = 2
-    confirm_rounds: int = 3
+    finalists: int = 4
+    confirm_rounds: int = 12
     patience: int = 8
     min_gain: float = 0.02
     prune_ratio: float = 0.6
