@@ -489,3 +489,17 @@ def test_a_rest_between_epochs_may_last_the_limits_rest_s_not_the_hang_limit() -
             assert (failure is not None) == fails, (rest_s, failure)
             if failure is not None:
                 assert failure.kind == "timeout" and "went unused" in failure.message
+
+
+def test_a_trial_process_gone_before_it_is_watched_is_an_empty_tree() -> None:
+    """A launch's script can run out of epochs between two settings, and a fork server reaps
+    it at once: watching its pid then must not raise (it ended a search with
+    ``psutil.NoSuchProcess`` in a confirmation round); the trial learns of the end from the
+    process's channel, as of any end."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    assert gone.wait() == 0  # reaped: no such process any more
+    with Supervisor(gone.pid, limits=Limits(hang_s=5.0)) as sup:
+        sup.sampler.window_started()
+        time.sleep(0.3)
+        usage = sup.window_ended()
+    assert usage.n_workers == 0 and usage.cpu_percent_workers in (None, 0.0)

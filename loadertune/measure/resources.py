@@ -74,12 +74,14 @@ def _child_pids(pid: int) -> list[int] | None:
     return pids
 
 
-def process_tree(root: psutil.Process) -> list[psutil.Process]:
-    """``root`` and its live descendants.
+def process_tree(root: psutil.Process | None) -> list[psutil.Process]:
+    """``root`` and its live descendants (none without a root).
 
     Reads each process's own list of children where Linux provides it: cost proportional to
     the tree, where psutil's ``children()`` reads every process of the machine.
     """
+    if root is None:
+        return []
     procs, todo = [root], [root.pid]
     while todo:
         kids = _child_pids(todo.pop())
@@ -172,7 +174,14 @@ class ResourceSampler:
     def __init__(
         self, root_pid: int, *, budget_bytes: int | None = None, gpu_index: int | None = None
     ) -> None:
-        self._root = psutil.Process(root_pid)
+        self._root_pid = root_pid
+        try:
+            self._root: psutil.Process | None = psutil.Process(root_pid)
+        except psutil.NoSuchProcess:
+            # Ended (and reaped, by the fork server) before it was watched: a script out of
+            # epochs between two settings. Its tree is empty; the trial learns of the end from
+            # the process's own channel and output, as of any other end.
+            self._root = None
         self.main_pids: set[int] = set()
         self._budget = budget_bytes
         self.gpu_index = gpu_index
@@ -222,7 +231,7 @@ class ResourceSampler:
                 return 100.0 * busy / wall
 
             main = [pid for pid in end.cpu if pid in mains]
-            u.cpu_percent_main = percent(main) if self._root.pid in end.cpu else None
+            u.cpu_percent_main = percent(main) if self._root_pid in end.cpu else None
             u.cpu_percent_workers = percent(workers)
             if start.memory is not None and end.memory is not None:
                 common = [p for p in workers if p in start.memory and p in end.memory]
@@ -253,7 +262,7 @@ class ResourceSampler:
         u.worker_pss_bytes = int(statistics.fmean(workers)) if workers else None
 
     def _mains(self) -> set[int]:
-        return {self._root.pid, *self.main_pids}
+        return {self._root_pid, *self.main_pids}
 
     def _run(self) -> None:
         # Finding the tree scans every process of the machine and counting descriptors lists
@@ -275,7 +284,8 @@ class ResourceSampler:
                 procs = process_tree(self._root)
                 self.usage.max_open_files = max(self.usage.max_open_files, _max_fds(procs))
                 with contextlib.suppress(psutil.Error, AttributeError):  # a script may lower it
-                    self.usage.open_files_limit = self._root.rlimit(psutil.RLIMIT_NOFILE)[0]
+                    if self._root is not None:
+                        self.usage.open_files_limit = self._root.rlimit(psutil.RLIMIT_NOFILE)[0]
             rss = _sum_rss(procs)
             self.usage.rss_peak_bytes = max(self.usage.rss_peak_bytes, rss)
             if self._budget is not None and rss > self._budget and self.budget_hit is None:
