@@ -233,37 +233,42 @@ def in_turn(run: Callable[[Config], TrialResult]) -> RunInTurn:
     return run_in_turn
 
 
-def test_confirm_runs_interleaved_rounds(clock: _Clock) -> None:
-    """Three settings within each other's noise: every round runs all three, rotated."""
-    rates: dict[Config, list[float | None]] = {
-        A: [100.0, 130.0, 90.0],
-        B: [110.0, 95.0, 125.0],
-        C: [105.0, 120.0, 100.0],
-    }
+CLOSE: dict[Config, list[float | None]] = {
+    A: [100.0, 130.0, 90.0],
+    B: [110.0, 95.0, 125.0],
+    C: [105.0, 120.0, 100.0],
+}
+APART: dict[Config, list[float | None]] = {
+    A: [100.0, 101.0, 99.0],
+    B: [200.0, 210.0, 190.0],
+    C: [150.0, 150.0, 150.0],
+}
+
+
+@pytest.mark.parametrize(
+    ("rates", "order", "clearly_better"),
+    [
+        # within each other's noise: every round runs all three, rotated
+        (CLOSE, [B, C, A, C, A, B, A, B, C], False),
+        # after two rounds C (150) and the baseline A (100) are clearly behind B (200, 210):
+        # they leave the rounds, which end once B alone may win
+        (APART, [B, C, A, C, A, B], True),
+    ],
+)
+def test_confirm_runs_interleaved_rounds_and_leaves_out_the_clearly_behind(
+    clock: _Clock,
+    rates: dict[Config, list[float | None]],
+    order: list[Config],
+    clearly_better: bool,
+) -> None:
     run, ran = _runner(clock, rates)
     outcome = confirm(run, [B, C], A, rounds=3, deadline=1000.0, trial_wall_s=10.0)
-    assert ran == [B, C, A, C, A, B, A, B, C]
+    assert ran == order
     assert outcome.baseline == A
-    assert outcome.values == {B: [110.0, 95.0, 125.0], C: [105.0, 120.0, 100.0], A: rates[A]}
-    assert [len(outcome.results[c]) for c in (A, B, C)] == [3, 3, 3]
+    assert outcome.values == {c: rates[c][: ran.count(c)] for c in (B, C, A)}
+    assert [len(outcome.results[c]) for c in (A, B, C)] == [ran.count(c) for c in (A, B, C)]
     assert outcome.winner == B
-    assert outcome.clearly_better is False
-
-
-def test_a_setting_clearly_behind_leaves_the_rounds(clock: _Clock) -> None:
-    """After two rounds C (150) and the baseline A (100) are clearly behind B (200, 210): the
-    rounds go on without them, and end once B alone may win."""
-    rates: dict[Config, list[float | None]] = {
-        A: [100.0, 101.0, 99.0],
-        B: [200.0, 210.0, 190.0],
-        C: [150.0, 150.0, 150.0],
-    }
-    run, ran = _runner(clock, rates)
-    outcome = confirm(run, [B, C], A, rounds=3, deadline=1000.0, trial_wall_s=10.0)
-    assert ran == [B, C, A, C, A, B]
-    assert outcome.values == {B: [200.0, 210.0], C: [150.0] * 2, A: [100.0, 101.0]}
-    assert outcome.winner == B
-    assert outcome.clearly_better is True
+    assert outcome.clearly_better is clearly_better
 
 
 def test_the_baseline_stays_two_rounds_however_far_behind(clock: _Clock) -> None:
