@@ -433,3 +433,16 @@ def test_a_winner_the_confirmation_never_measured_is_not_called_clearly_faster()
     assert lucky.within_noise is True
     clear = build_recommendation(outcome([170.0, 180.0, 175.0, 179.0]), hw, workload={})
     assert clear.within_noise is False
+
+
+def test_a_finalist_failing_every_round_neither_wins_nor_runs_again(clock: _Clock) -> None:
+    """B led the exploration (prior 300) but fails in the rounds (its workers killed, say): it
+    leaves the rounds after its failure and the winner is the best of the settings that ran."""
+    rates: dict[Config, list[float | None]] = {A: [100.0] * 3, B: [None] * 3, C: [110.0] * 3}
+    run, ran = _runner(clock, rates)
+    outcome = confirm(
+        run, [B, C], A, rounds=3, deadline=1000.0, trial_wall_s=10.0, prior={B: [300.0]}
+    )
+    assert ran.count(B) == 1
+    assert outcome.failed_here(B) and not outcome.failed_here(C)
+    assert outcome.winner == C

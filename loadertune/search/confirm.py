@@ -59,12 +59,18 @@ class Confirmation:
     def winner(self) -> Config | None:
         """The highest median; within 2% of it, the simplest setting (the baseline, then fewer
         workers, then the baseline's batch size): noise does not pick the luckier sample."""
-        ranked = [c for c in self.values if self.values[c]]
+        ranked = [c for c in self.values if self.values[c] and not self.failed_here(c)]
         if not ranked:
             return None
         best = max(self.median(c) or 0.0 for c in ranked)
         close = [c for c in ranked if (self.median(c) or 0.0) >= (1 - SIMPLER_WITHIN) * best]
         return min(close, key=self._complexity)
+
+    def failed_here(self, config: Config) -> bool:
+        """``config`` ran in these rounds and failed every time: whatever the exploration
+        measured of it, it is no winner (nor worth another round)."""
+        results = self.results.get(config) or []
+        return bool(results) and all(r.failure is not None for r in results)
 
     def _complexity(self, config: Config) -> tuple[int, int, int, float]:
         return (
@@ -190,7 +196,17 @@ def confirm(
         run_in_turn(order[done:], record)
         if stopped:
             break
-        configs = still_in(configs, outcome.values, baseline)
+        # One that failed every round leaves (the baseline after its two rounds, like others).
+        runs = outcome.results
+        configs = still_in(
+            [
+                c
+                for c in configs
+                if not outcome.failed_here(c) or (c == baseline and len(runs[c]) < 2)
+            ],
+            outcome.values,
+            baseline,
+        )
         if len(configs) <= 1:
             break
     return outcome
