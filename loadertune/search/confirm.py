@@ -144,9 +144,11 @@ def confirm(
     prior: Mapping[Config, Sequence[float]] | None = None,
     prior_sub_windows: Mapping[Config, Sequence[float]] | None = None,
 ) -> Confirmation:
-    """Measure ``finalists`` and ``baseline`` in ``rounds`` interleaved rounds (fewer if the
-    deadline, a ``time.monotonic()`` value, comes first). ``run_in_turn`` measures the rounds'
-    settings in one go (a script's runner keeps one process for all of them), and stops when a
+    """Measure ``finalists`` and ``baseline`` in up to ``rounds`` interleaved rounds: fewer if
+    the deadline, a ``time.monotonic()`` value, comes first, or once one setting alone may win
+    (after each round :func:`still_in` leaves out those clearly behind, and a setting that
+    failed every round it ran leaves too). ``run_in_turn`` measures a round's settings in one
+    go (a script's runner keeps its process between calls), and stops when a
     trial would end past the deadline: each trial is expected to take ``trial_wall_s``, or its
     setting's time in ``walls`` when longer. ``measure_first``: the first finalist is
     measured even past the deadline. ``prior``: rates measured earlier in this run (the
@@ -164,7 +166,6 @@ def confirm(
             outcome.values[config] = list(prior[config])
 
     done = 0
-    stopped = False
 
     def fits() -> bool:
         """The next trial (its setting's own wall time when known) ends by the deadline."""
@@ -174,7 +175,7 @@ def confirm(
         return time.monotonic() + wall <= deadline
 
     def record(result: TrialResult) -> bool:
-        nonlocal done, stopped
+        nonlocal done
         done += 1
         config = result.config
         outcome.results.setdefault(config, []).append(result)
@@ -182,9 +183,7 @@ def confirm(
         outcome.values.setdefault(config, [])
         if value is not None and not result.pruned:
             outcome.values[config].append(value)
-        more = fits()
-        stopped = stopped or (not more and done < len(order))
-        return more
+        return fits()
 
     if not (measure_first or fits()):
         return outcome
@@ -194,9 +193,10 @@ def confirm(
             if not fits():
                 break
         run_in_turn(order[done:], record)
-        if stopped:
+        if done < len(order):  # the deadline came within the round
             break
-        # One that failed every round leaves (the baseline after its two rounds, like others).
+        # One that failed every round it ran leaves; the baseline only after two such rounds
+        # (a baseline that fails twice is clearly beaten: ``Confirmation.clearly_better``).
         runs = outcome.results
         configs = still_in(
             [
@@ -236,7 +236,8 @@ def still_in(
     configs: Sequence[Config], values: Mapping[Config, Sequence[float]], baseline: Config
 ) -> list[Config]:
     """The settings that may still win: those not clearly behind the leader (by mean log rate,
-    ELIMINATE_Z standard errors); the baseline stays for two rounds."""
+    ELIMINATE_Z standard errors); the baseline stays until it has two figures (the
+    exploration's count), so that "clearly faster" compares two of each."""
     sigma = noise_sigma(values)
     logs = {c: [math.log(v) for v in values.get(c, []) if v > 0] for c in configs}
     means = {c: statistics.fmean(v) for c, v in logs.items() if v}
