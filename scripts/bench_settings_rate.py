@@ -3,8 +3,9 @@
 Issue 10's figure: ``loadertune search SCRIPT --budget B [--batch-sizes ...] -- ARGS`` run by
 each version in turn (interleaved rounds, the order alternating: the machine's drift falls on
 both), each with a fresh study in a temporary storage and its own recommendation file; the count
-is that file's trials (every setting measured, failed ones too), per minute of the search's own
-``elapsed_s``. An older commit runs from ``git archive`` of it, with this environment's
+is that file's trials (every setting measured, failed ones too, a confirmation round's again),
+per minute of the search's own ``elapsed_s``; each run's line also says how many distinct
+settings those trials measured. An older commit runs from ``git archive`` of it, with this environment's
 packages (``PYTHONPATH``).
 
     python scripts/bench_settings_rate.py [--against a20c851] [--rounds 2] [--budget 60]
@@ -61,8 +62,10 @@ def search_once(
     (entry,) = [w for m in data["machines"].values() for w in m["workloads"].values()]
     trials = [t for t in entry["trials"] if not t.get("kept")]
     elapsed = float(entry["search"]["elapsed_s"])
+    distinct = {json.dumps(t.get("params"), sort_keys=True) for t in trials}
     return {
         "trials": len(trials),
+        "distinct": len(distinct),
         "elapsed_s": elapsed,
         "per_minute": 60.0 * len(trials) / elapsed,
         "pick": entry["loader_kwargs"],
@@ -101,7 +104,8 @@ def main() -> None:
                 got = search_once(trees[name], args, args.script_args, tmp, f"r{r}-{len(runs)}")
                 runs.setdefault(name, []).append(got)
                 print(
-                    f"round {r + 1}  {name:>10}: {got['trials']:3d} trials in "
+                    f"round {r + 1}  {name:>10}: {got['trials']:3d} trials "
+                    f"({got['distinct']} settings) in "
                     f"{got['elapsed_s']:5.1f} s = {got['per_minute']:5.1f} per minute; pick "
                     f"{label(got['pick'])} at {got['pick_samples_per_s'] or 0:,.0f} samples/s "
                     f"(stopped: {got['stop_reason']})",
