@@ -5,8 +5,8 @@ each version in turn (interleaved rounds, the order alternating: the machine's d
 both), each with a fresh study in a temporary storage and its own recommendation file; the count
 is that file's trials (every setting measured, failed ones too, a confirmation round's again),
 per minute of the search's own ``elapsed_s``; each run's line also says how many distinct
-settings those trials measured. An older commit runs from ``git archive`` of it, with this environment's
-packages (``PYTHONPATH``).
+settings those trials measured. An older commit runs from ``git archive`` of it, with this
+environment's packages (``PYTHONPATH``).
 
     python scripts/bench_settings_rate.py [--against a20c851] [--rounds 2] [--budget 60]
         [--batch-sizes 16,32,64,128] [-- SCRIPT_ARGS (--epochs 5)]

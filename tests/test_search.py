@@ -1092,3 +1092,32 @@ def test_the_probe_runs_at_the_smallest_batch_and_the_replay_at_one_that_loads_q
     phases = {phase: config for phase, config in reversed(runner.log)}
     assert phases["probe"].batch_size == 64
     assert phases["replay"] == Config(256)
+
+
+def test_without_a_winner_from_the_rounds_the_pick_is_no_setting_that_failed_in_them(
+    tmp_path, hw
+) -> None:
+    """Every setting of the confirmation fails there (the machine ran out of something): the
+    pick falls back to the exploration's figures, but not to a setting that failed every round
+    it ran, however fast it measured before."""
+    landscape = lambda c: 1000.0 * (1 + min(c.num_workers, 8))  # noqa: E731
+    confirmed: set[Config] = set()
+    runner: FakeRunner
+
+    def fail(config: Config) -> Failure | None:
+        if runner.log[-1][0] != "confirm":
+            return None
+        confirmed.add(config)
+        return Failure("worker_killed", "a worker was killed", "fewer workers")
+
+    runner = FakeRunner(landscape, fail=fail)
+    outcome = Search(
+        runner,
+        hardware=hw,
+        baseline=Config(32),
+        batch_sizes=[32],
+        settings=settings(tmp_path, confirm_rounds=1, finalists=1),
+    ).run()
+    assert outcome.confirmation is not None and outcome.confirmation.winner is None
+    assert confirmed and outcome.winner not in confirmed
+    assert outcome.winner in outcome.values

@@ -93,9 +93,9 @@ class Agenda:
     def _back_off(self, space: SearchSpace) -> None:
         """A setting that ran out of a host resource (RAM, shared memory, file descriptors) or of
         time with several workers: try it next with as many workers as the memory seen at the
-        failure says fit (:data:`FIT_SHARE` of the budget), or else half as many. The frontier rules out
-        everything at least as demanding; stepping down one worker at a time (what the sampler
-        proposes next to a failure) would take dozens of trials."""
+        failure says fit (in :data:`FIT_SHARE` of the budget), or else half as many. The
+        frontier rules out everything at least as demanding; stepping down one worker at a time
+        (what the sampler proposes next to a failure) would take dozens of trials."""
         ledger = self.ledger
         failed = ledger.frontier.failed
         for config, kind in failed[self._failures_seen :]:

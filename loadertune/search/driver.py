@@ -394,6 +394,18 @@ class Search:
         rates = confirmation.sub_window_rates if confirmation else lambda c: subs.get(c, [])
         return winner if plan.switch_pays(rates(winner), rates(self.baseline)) else self.baseline
 
+    def _best_not_failed(self, confirmation: Confirmation | None) -> Config | None:
+        """Without a winner from the rounds: the best exploration figure of a setting that did
+        not fail every round it ran there (one that did is no pick, whatever it measured
+        before); None when no such setting has a figure."""
+        failed = (
+            {c for c in confirmation.results if confirmation.failed_here(c)}
+            if confirmation
+            else set()
+        )
+        values = {c: v for c, v in self.ledger.values.items() if c not in failed}
+        return max(values, key=lambda c: values[c]) if values else None
+
     def _seed_and_explore(
         self, log: StudyLog, space: SearchSpace, est: Estimates | None
     ) -> tuple[str, SearchSpace]:
@@ -423,10 +435,8 @@ class Search:
         if self.observer:
             self.observer.phase("confirm")
         confirmation = self._confirm(log, space, baseline_only=reason == "compute_bound")
-        winner = (confirmation.winner if confirmation and confirmation.winner else None) or (
-            max(self.ledger.values, key=lambda c: self.ledger.values[c])
-            if self.ledger.values
-            else None
+        winner = (confirmation.winner if confirmation else None) or self._best_not_failed(
+            confirmation
         )
         if self.settings.live and winner is not None:
             winner = self._live_choice(winner, confirmation)
