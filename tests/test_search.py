@@ -151,6 +151,13 @@ def settings(tmp_path, **kw) -> SearchSettings:
     return SearchSettings(**{**base, **kw})
 
 
+def search_at_32(runner: FakeRunner, hw: Hardware, search_settings: SearchSettings):
+    """A search of ``runner``'s workload from a baseline of batch 32, at that batch only."""
+    return Search(
+        runner, hardware=hw, baseline=Config(32), batch_sizes=[32], settings=search_settings
+    ).run()
+
+
 def test_search_finds_the_optimum_region(tmp_path, hw) -> None:
     runner = FakeRunner(io_landscape)
     outcome = Search(
@@ -222,13 +229,7 @@ def test_settings_as_demanding_as_a_failed_one_are_not_tried(tmp_path, hw) -> No
         return None
 
     runner = FakeRunner(io_landscape, fail=fail)
-    outcome = Search(
-        runner,
-        hardware=hw,
-        baseline=Config(32),
-        batch_sizes=[32],
-        settings=settings(tmp_path, patience=20, budget_s=15),
-    ).run()
+    outcome = search_at_32(runner, hw, settings(tmp_path, patience=20, budget_s=15))
     failures = [c for p, c in runner.log if fail(c) is not None]
     for i, bad in enumerate(failures):  # each later failure is not dominated by an earlier one
         assert not any(dominated(bad, earlier, "worker_killed") for earlier in failures[:i])
@@ -1111,13 +1112,7 @@ def test_without_a_winner_from_the_rounds_the_pick_is_no_setting_that_failed_in_
         return Failure("worker_killed", "a worker was killed", "fewer workers")
 
     runner = FakeRunner(landscape, fail=fail)
-    outcome = Search(
-        runner,
-        hardware=hw,
-        baseline=Config(32),
-        batch_sizes=[32],
-        settings=settings(tmp_path, confirm_rounds=1, finalists=1),
-    ).run()
+    outcome = search_at_32(runner, hw, settings(tmp_path, confirm_rounds=1, finalists=1))
     assert outcome.confirmation is not None and outcome.confirmation.winner is None
     assert confirmed and outcome.winner not in confirmed
     assert outcome.winner in outcome.values
