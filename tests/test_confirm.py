@@ -446,3 +446,21 @@ def test_a_finalist_failing_every_round_neither_wins_nor_runs_again(clock: _Cloc
     assert ran.count(B) == 1
     assert outcome.failed_here(B) and not outcome.failed_here(C)
     assert outcome.winner == C
+
+
+def test_a_setting_the_rounds_left_out_does_not_win_later(clock: _Clock) -> None:
+    """After two rounds C (200) is clearly behind B and D (300, 280) and leaves; later rounds
+    bring B and D down to 100. C's two figures, from another time (the machine drifts), do not
+    make it the winner over the settings the rounds kept measuring."""
+    D = Config(64, 8, 4)
+    rates: dict[Config, list[float | None]] = {
+        A: [100.0] * 5,
+        B: [300.0, 300.0, 100.0, 100.0, 100.0],
+        C: [200.0] * 5,
+        D: [280.0, 280.0, 100.0, 100.0, 100.0],
+    }
+    run, ran = _runner(clock, rates)
+    outcome = confirm(run, [B, C, D], A, rounds=5, deadline=1000.0, trial_wall_s=10.0)
+    assert ran.count(C) == 2 and C in outcome.left_out
+    assert outcome.median(C) == 200.0 and outcome.median(B) == 100.0
+    assert outcome.winner in (B, D)

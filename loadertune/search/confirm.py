@@ -43,6 +43,8 @@ class Confirmation:
     values: dict[Config, list[float]] = field(default_factory=dict)  # epoch samples/s per round
     results: dict[Config, list[TrialResult]] = field(default_factory=dict)
     prior_sub_windows: dict[Config, list[float]] = field(default_factory=dict)  # this run's
+    # the settings the rounds left out as clearly behind the leader (:func:`still_in`)
+    left_out: set[Config] = field(default_factory=set)
 
     def median(self, config: Config) -> float | None:
         vals = self.values.get(config)
@@ -57,9 +59,15 @@ class Confirmation:
 
     @property
     def winner(self) -> Config | None:
-        """The highest median; within 2% of it, the simplest setting (the baseline, then fewer
-        workers, then the baseline's batch size): noise does not pick the luckier sample."""
-        ranked = [c for c in self.values if self.values[c] and not self.failed_here(c)]
+        """The highest median of the settings the rounds kept (one they left out as clearly
+        behind does not come back on its few figures from another time); within 2% of it, the
+        simplest setting (the baseline, then fewer workers, then the baseline's batch size):
+        noise does not pick the luckier sample."""
+        ranked = [
+            c
+            for c in self.values
+            if self.values[c] and not self.failed_here(c) and c not in self.left_out
+        ]
         if not ranked:
             return None
         best = max(self.median(c) or 0.0 for c in ranked)
@@ -198,7 +206,7 @@ def confirm(
         # One that failed every round it ran leaves; the baseline only after two such rounds
         # (a baseline that fails twice is clearly beaten: ``Confirmation.clearly_better``).
         runs = outcome.results
-        configs = still_in(
+        kept = still_in(
             [
                 c
                 for c in configs
@@ -207,6 +215,8 @@ def confirm(
             outcome.values,
             baseline,
         )
+        outcome.left_out.update(c for c in configs if c not in kept)
+        configs = kept
         if len(configs) <= 1:
             break
     return outcome
