@@ -5,11 +5,13 @@ The training starts with the saved settings (``loadertune run --tune``) or its o
 probe, exploration, interleaved confirmation; no replay), in a thread of the training process,
 each setting measured on the training loop itself (:mod:`loadertune.trials.live`). The batch size
 stays the loop's own unless ``batch_sizes`` allows others (a batch size changes the
-optimisation: scale the learning rate with it). Then the winner runs to the end of the training
-and is saved to the recommendation file under this machine's key, where ``loadertune run`` and
-:func:`~loadertune.load_recommendation` find it. Every batch is a real training batch, each
-sample handed over once per epoch (see :mod:`loadertune.trials.hotswap` for how, and what
-differs from an untuned run); a failing setting gives way to the last good one.
+optimisation: scale the learning rate with it), and from the moment the script asks the
+loader's length (a schedule or a step count sized by it: ``LiveConductor._length_asked``). Then
+the winner runs to the end of the training and is saved to the recommendation file under this
+machine's key, where ``loadertune run`` and :func:`~loadertune.load_recommendation` find it.
+Every batch is a real training batch, each sample handed over once per epoch (see
+:mod:`loadertune.trials.hotswap` for how, and what differs from an untuned run); a failing
+setting gives way to the last good one.
 """
 
 from __future__ import annotations
@@ -106,7 +108,6 @@ class Tuner:
                 self.untuned = True
                 self.report(f"loadertune: not tuning this DataLoader during the run: {why}")
             else:
-                self._keep_steps_per_epoch(loader)
                 self.swap = HotSwap(loader, self.conductor, fall_back=True)
                 self.conductor.attach(self.swap)
                 self._thread = threading.Thread(
@@ -116,24 +117,6 @@ class Tuner:
         if self.swap is None:
             return original(loader) if original is not None else iter(loader)
         return self.swap.epoch()
-
-    def _keep_steps_per_epoch(self, loader: DataLoader[Any]) -> None:
-        """A script that asked ``len(loader)`` before its loop may have sized a schedule by it
-        (a ``OneCycleLR`` raises at the step past its last): every sample is kept in a real run,
-        so a smaller batch size would give its epochs more steps than it said. Only batch sizes
-        from the loop's own up are tried then."""
-        from loadertune.trials.patch import length_asked
-
-        own = loader.batch_size
-        smaller = [b for b in self.batch_sizes if own is not None and b < own]
-        if not smaller or not length_asked(loader):
-            return
-        self.batch_sizes = tuple(b for b in self.batch_sizes if b not in smaller)
-        self.report(
-            f"loadertune: the script asked the loader's length (a schedule sized by it?): "
-            f"batch sizes below its own {own} would give its epochs more steps, so "
-            f"{', '.join(map(str, smaller))} {'is' if len(smaller) == 1 else 'are'} not tried"
-        )
 
     def _search(self) -> None:
         """The search, in its own thread; the winner goes to the loop and to the file."""
@@ -209,6 +192,9 @@ class TunedLoader:
         return self.tuner.epoch(self.loader)
 
     def __len__(self) -> int:
+        from loadertune.trials.patch import mark_length_asked
+
+        mark_length_asked(self.loader)  # the batch size stays the loader's own from now on
         return len(self.loader)
 
     def __getattr__(self, name: str) -> Any:

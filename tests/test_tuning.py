@@ -110,6 +110,35 @@ def test_tuned_trains_on_every_sample_once_per_epoch_and_saves_the_winner(tmp_pa
     assert Config.from_kwargs(entry["loader_kwargs"]) == winner
 
 
+def test_tuned_keeps_the_batch_size_once_the_loop_asked_its_length(tmp_path: Path) -> None:
+    """Other batch sizes are allowed, but the loop asked ``len(loader)`` (a progress bar, a
+    schedule) on its first batch: from then on no other batch size is tried or picked, and
+    every epoch has the 25 batches the loop was told."""
+    lines: list[str] = []
+    settings = SearchSettings(window_s=0.2, max_workers=2, storage=f"sqlite:///{tmp_path}/s.db")
+    loader = tuned(
+        DataLoader(Indices(), batch_size=16, shuffle=True),
+        budget_s=4,
+        batch_size=[4, 16, 32],
+        out=tmp_path / "rec.json",
+        settings=settings,
+        report=lines.append,
+    )
+    batches = []
+    with loader:
+        t0 = time.monotonic()
+        while loader.tuner.runner.winner is None and time.monotonic() - t0 < 60:
+            n = 0
+            for n, _ in enumerate(loader, 1):
+                if n == 1:
+                    assert len(loader) == 25
+            batches.append(n)
+    assert loader.tuner.runner.winner is not None
+    assert loader.tuner.runner.winner.batch_size == 16
+    assert batches and set(batches) == {25}, batches
+    assert any("batch size left out of the search" in line for line in lines), lines
+
+
 def test_tuned_rejects_a_bad_budget() -> None:
     with pytest.raises(ConfigError, match="budget_s must be > 0"):
         tuned(DataLoader(Indices(), batch_size=4), budget_s=0)
@@ -138,19 +167,23 @@ def test_run_tune_completes_every_epoch_and_the_next_run_uses_the_winner(tmp_pat
     assert again.returncode == 0 and "DataLoader #1 at" in again.stderr, again.stderr[-2000:]
 
 
-def test_run_tune_tries_no_batch_size_that_would_overrun_a_schedule_sized_by_the_loader(
-    tmp_path: Path,
+@pytest.mark.parametrize("when", ["before", "lazy"])
+def test_run_tune_keeps_the_batch_size_once_the_script_asked_the_loader_length(
+    tmp_path: Path, when: str
 ) -> None:
-    """one_cycle.py sizes a OneCycleLR by ``epochs * len(loader)`` at its batch size of 16. A real
-    run keeps every sample, so batch size 4 would give an epoch 120 steps and the scheduler
-    would raise; the run leaves it out (and says so) and goes to its end."""
+    """one_cycle.py sizes a OneCycleLR by ``epochs * len(loader)`` at its batch size of 16,
+    before its loop or (``lazy``) at its first step, once the tuning has begun. A real run keeps
+    every sample, so batch size 4 would give an epoch 120 steps (the scheduler raises) and 32
+    give it 15 (the schedule never completes): the run keeps 16 and says so, and every epoch
+    has the 30 steps the script was told."""
     out = tmp_path / "epochs.jsonl"
     tune = ["run", "--tune", "--budget", "4", "--batch-sizes", "4,16,32"]
-    script = [str(SCRIPTS / "one_cycle.py"), "--", str(out), "40"]
+    script = [str(SCRIPTS / "one_cycle.py"), "--", str(out), "40", *(["lazy"] * (when == "lazy"))]
     proc = _loadertune(*tune, "--file", str(tmp_path / "rec.json"), *script)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "below its own 16" in proc.stderr and "4 is not tried" in proc.stderr, proc.stderr
+    assert "batch size left out of the search" in proc.stderr, proc.stderr
+    assert "the script asked the loader's length" in proc.stderr, proc.stderr
     epochs = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(epochs) == 40
     assert all(sorted(e["samples"]) == list(range(480)) for e in epochs)  # every sample, once
-    assert all(e["batches"] <= 30 for e in epochs)
+    assert [e["batches"] for e in epochs] == [30] * 40

@@ -228,7 +228,7 @@ class Search:
         space_size = len(space.configs())
         idle = 0  # consecutive proposals that ran nothing (duplicates, skips)
         while True:
-            wider = self.agenda.update(space, est)
+            wider = self._batch_size_kept(self.agenda.update(space, est))
             if wider is not space:
                 space, space_size = wider, len(wider.configs())
             reason = self._stop_reason(
@@ -258,6 +258,23 @@ class Search:
                 continue
             idle = 0
             log.tell(self._measure(config, "search", prunable=True))
+
+    def _batch_size_kept(self, space: SearchSpace) -> SearchSpace:
+        """``space`` at the baseline's batch size alone once the runner says the batch size
+        can no longer change (a live run's script asked its loader's length mid-search)."""
+        fixed = self.runner.batch_size_fixed
+        if not fixed or space.batch_sizes == (self.baseline.batch_size,):
+            return space
+        if self.observer:
+            self.observer.note(f"batch size left out of the search from now on: {fixed}")
+        return dataclasses.replace(space, batch_sizes=(self.baseline.batch_size,))
+
+    def _batch_allowed(self, config: Config) -> bool:
+        """At the baseline's batch size, or the runner still lets the batch size change."""
+        return not self.runner.batch_size_fixed or config.batch_size == self.baseline.batch_size
+
+    def _may_pick(self, config: Config) -> bool:
+        return self._batch_allowed(config) and self.ledger.frontier.may_win(config)
 
     def _past_the_budget(self, config: Config, est: Estimates | None = None) -> str | None:
         """Why ``config``'s trial would not end within the budget (the confirmation's time kept
@@ -301,7 +318,7 @@ class Search:
             self.ledger.values,
             n=self.settings.finalists,
             user_batch_size=self.baseline.batch_size,
-            may_win=self.ledger.frontier.may_win,
+            may_win=self._may_pick,
         )
 
     def _confirm(
@@ -403,7 +420,11 @@ class Search:
             if confirmation
             else set()
         )
-        values = {c: v for c, v in self.ledger.values.items() if c not in failed}
+        values = {
+            c: v
+            for c, v in self.ledger.values.items()
+            if c not in failed and self._batch_allowed(c)
+        }
         return max(values, key=lambda c: values[c]) if values else None
 
     def _seed_and_explore(

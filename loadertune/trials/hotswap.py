@@ -67,7 +67,7 @@ from loadertune.measure.counting import structure_counter
 from loadertune.measure.meter import Measurement, Meter, Sink, WindowSpec
 from loadertune.trials import _torch_internals as _internals
 from loadertune.trials import loader as dl
-from loadertune.trials.patch import promised_batches
+from loadertune.trials.patch import mark_length_asked, promised_batches
 from loadertune.trials.segment import EpochOrder, Segment
 
 
@@ -390,4 +390,5 @@ class _Epoch:
         return self._swap._next(self._order)
 
     def __len__(self) -> int:
+        mark_length_asked(self._swap.loader)  # a progress bar, a schedule sized by it
         return len(self._swap.loader)

@@ -36,6 +36,7 @@ from loadertune.measure.failures import Failure, FailureKind
 from loadertune.trials import _torch_internals as _internals
 from loadertune.trials import loader as dl
 from loadertune.trials.hotswap import HotSwap, Outcome, Step
+from loadertune.trials.patch import length_asked
 from loadertune.trials.runner import BaseRunner, TrialRequest, TrialResult, window_for
 from loadertune.trials.supervisor import Supervisor
 
@@ -87,6 +88,7 @@ class LiveConductor:
         self.runner.loader_ready(swap)
 
     def next_step(self) -> Step | None:
+        self._length_asked()
         if self._first:  # the loop waits for the search's first trial (its baseline) once
             self._first = False
             self._deaths.enter_context(_internals.worker_deaths_deferred(only_while_waiting=True))
@@ -95,9 +97,12 @@ class LiveConductor:
             slot = self.runner.take(wait_s=0.0)
         if slot is None:
             return self._winner()
-        self._slot = slot
         assert self.swap is not None
         config = slot.config or self.runner.own
+        if self.runner.batch_size_fixed and config.batch_size != self.runner.own.batch_size:
+            self._refuse(slot, config)  # asked before the search heard the length was asked
+            return None
+        self._slot = slot
         dl.reset_cuda_peaks()
         sup = slot.sup = Supervisor(
             self.runner.root_pid,
@@ -116,6 +121,35 @@ class LiveConductor:
             hang_s=slot.request.limits.hang_s,
         )
 
+    def _length_asked(self) -> None:
+        """Once the script has asked the loader's length, its batch size stays its own: a
+        schedule or a step count sized by ``len(loader)`` (a ``OneCycleLR`` raises at the step
+        past its last) counts on that many batches per epoch. A real run keeps every sample,
+        so a smaller batch size would give an epoch more steps than it was told, a larger one
+        fewer (the schedule would not complete). The search hears it through
+        ``batch_size_fixed``, whenever the length is first asked (a scheduler made at the first
+        step asks after the tuning has begun)."""
+        swap = self.swap
+        if self.runner.batch_size_fixed is None and swap is not None and length_asked(swap.loader):
+            own = self.runner.own.batch_size
+            self.runner.batch_size_fixed = (
+                f"the script asked the loader's length (a schedule or a step count sized by "
+                f"it?): another batch size than its own {own} would change its steps per "
+                "epoch; `loadertune search --batch-sizes` and `loadertune run` change it "
+                "from the start instead"
+            )
+
+    def _refuse(self, slot: _Slot, config: Config) -> None:
+        """Answer ``slot`` without running it: its batch size is no longer the loop's to change."""
+        result = TrialResult(config, phase=slot.request.phase)
+        result.failure = Failure(
+            FailureKind.BATCH_SIZE_REJECTED,
+            f"batch size {config.batch_size} not tried: {self.runner.batch_size_fixed}",
+            "the batch size stays the script's own during this run",
+        )
+        slot.result = result
+        slot.done.set()
+
     def _winner(self) -> Step | None:
         """Once the search is done: the winner, if it is not the setting running already."""
         final = self.runner.winner
@@ -129,6 +163,7 @@ class LiveConductor:
         return Step(final)
 
     def finished(self, outcome: Outcome) -> bool:
+        self._length_asked()  # before the search hears the result and plans the next
         slot, self._slot = self._slot, None
         if slot is None:
             return True

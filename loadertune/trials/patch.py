@@ -69,6 +69,12 @@ def length_asked(loader: DataLoader[Any]) -> bool:
     return bool(loader.__dict__.get(LENGTH_ASKED))
 
 
+def mark_length_asked(loader: DataLoader[Any]) -> None:
+    """Note that the script asked ``loader``'s length where no patch sees it (a loader tuned in
+    code: :func:`loadertune.tuned`)."""
+    loader.__dict__[LENGTH_ASKED] = True
+
+
 def promised_batches(loader: DataLoader[Any]) -> int | None:
     """The batches per epoch the script was told (``len(loader)``, as DataLoader's own
     ``__len__`` counts a map-style loader's) once anything asked; None when nothing did or its
