@@ -52,7 +52,8 @@ def trial_line(result: TrialResult) -> str:
             what += f"  blocked {_pct(m.blocked_fraction)}  spread {_pct(m.spread)}"
         if result.pruned:
             what += "  (pruned)"
-    return f"{result.phase:<8} {result.config.label():<32} {what}"
+    label = "the script's own" if result.extra.get("settings_unknown") else result.config.label()
+    return f"{result.phase:<8} {label:<32} {what}"
 
 
 class LiveView:

@@ -346,7 +346,8 @@ def entry_for(
         if len(workloads) > 1:
             raise NoRecommendationError(
                 f"{path} has {len(workloads)} entries for this machine ({key}), one per "
-                f"workload: {have}. Say which one (workload=...)."
+                f"workload: {have}. Say which one (`--workload` on the command line, "
+                "`workload=` in Python)."
             )
         ((workload, entry),) = workloads.items()
     elif workload in workloads:

@@ -86,7 +86,8 @@ def test_an_entry_for_another_dataset_is_not_applied_and_says_what_it_found() ->
     assert all(loader.num_workers == 0 for loader in ns["epochs"])
     assert any("loads workloads.TensorDataset" in line for line in lines)
     (missing,) = controller.unapplied()
-    assert "no DataLoader at mytrain.py:13 (mypkg.Images)" in missing
+    assert "matches the one measured at mytrain.py:13 (mypkg.Images)" in missing
+    assert "loadertune search" in missing  # what to do
     assert "#3 at mytrain.py:13 (workloads.TensorDataset)" in missing
 
 

@@ -128,6 +128,8 @@ def test_script_failures_stop_at_once_with_the_cause(
     proc = search(script, tmp_path, *extra)
     assert proc.returncode == 1
     assert message in proc.stderr
+    if script in ("no_loader.py", "never_iterates.py"):  # no loader seen: its settings unknown
+        assert "bs=1 " not in proc.stderr and "the script's own" in proc.stderr, proc.stderr
     assert time.monotonic() - t0 < 25  # one trial, not the whole budget
     assert not (tmp_path / "rec.json").exists()
 
@@ -648,3 +650,18 @@ def test_a_partial_result_never_replaces_a_complete_one(tmp_path: Path) -> None:
     assert proc.returncode == 143, err[-2000:]
     assert "which a partial one never replaces; it was kept" in err
     assert out.read_bytes() == complete
+
+
+def test_force_says_where_the_unreadable_file_is_kept(tmp_path: Path) -> None:
+    """A recommendation file that is not JSON stops a search, unless --force: then the search
+    says, before it starts, that the file will be replaced and where its copy is kept."""
+    out = tmp_path / "rec.json"
+    out.write_text("{not json")
+    stopped = search("short.py", tmp_path)
+    assert stopped.returncode == 1 and "not valid JSON" in stopped.stderr, stopped.stderr
+    forced = search("short.py", tmp_path, "--force", "--trials", "2")
+    assert forced.returncode == 0, forced.stderr[-3000:]
+    assert "kept beside it as rec.json.corrupt-" in forced.stderr, forced.stderr
+    (copy,) = tmp_path.glob("rec.json.corrupt-*")
+    assert copy.read_text() == "{not json"
+    assert json.loads(out.read_text())["machines"]

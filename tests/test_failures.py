@@ -503,3 +503,11 @@ def test_a_trial_process_gone_before_it_is_watched_is_an_empty_tree() -> None:
         time.sleep(0.3)
         usage = sup.window_ended()
     assert usage.n_workers == 0 and usage.cpu_percent_workers in (None, 0.0)
+
+
+def test_a_script_that_printed_nothing_gets_no_empty_output_section() -> None:
+    from loadertune.trials.reported import with_output
+
+    assert with_output("advice", "") == "advice"
+    assert with_output("advice", "  \n") == "advice"
+    assert with_output("advice", "epoch 1\n") == "advice\n--- script output (tail) ---\nepoch 1\n"

@@ -8,6 +8,7 @@ import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, NoReturn
 
 import click
@@ -24,7 +25,12 @@ from loadertune.cli._common import (
     nproc_option,
     say,
 )
-from loadertune.errors import LoadertuneError, PartialNotSaved, SearchInterrupted
+from loadertune.errors import (
+    LoadertuneError,
+    PartialNotSaved,
+    RecommendationFileError,
+    SearchInterrupted,
+)
 from loadertune.recommendation import Recommendation
 from loadertune.report import LiveView, plain_console, print_summary
 from loadertune.search import SearchSettings
@@ -184,8 +190,16 @@ def search(
 
 def _check_before(out: str, *, force: bool, report_path: str | None) -> None:
     """What would fail after the search, found before its budget is spent."""
-    if not force:
+    try:
         store.read(out)  # an unreadable file is reported now, not after the search
+    except RecommendationFileError as exc:
+        if not force:
+            raise
+        say(
+            "yellow",
+            f"{exc} With --force the search's result replaces it; the file as it is now is "
+            f"kept beside it as {Path(out).name}.corrupt-<date>-<time>.",
+        )
     store.check_writable(out)  # so are a read-only file and a folder that cannot be written
     if report_path is not None:
         plots.check_installed()

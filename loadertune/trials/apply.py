@@ -112,7 +112,8 @@ class ApplySaved:
                 self._said.add(said)
                 self.report(
                     f"loadertune: DataLoader {record.describe()} is not the loader {entry.name} "
-                    f"was measured on ({why}); not changed"
+                    f"was measured on ({why}); not changed (if the script changed there, "
+                    "`loadertune search` measures it as it is now)"
                 )
         return arguments
 
@@ -134,9 +135,19 @@ class ApplySaved:
     def unapplied(self) -> list[str]:
         """One line per entry that matched no loader, naming the loaders the script created."""
         made = "; ".join(r.describe() for r in self.created) or "none"
-        return [
-            f"loadertune: the script created no DataLoader {entry.where()} for {entry.name}; "
-            f"not applied (it created: {made})"
-            for entry in self.entries
-            if not entry.applied
-        ]
+        return [self._unapplied(entry, made) for entry in self.entries if not entry.applied]
+
+    def _unapplied(self, entry: SavedEntry, made: str) -> str:
+        at_site = entry.call_site is not None and any(
+            matches_site(r.call_site, entry.call_site) for r in self.created
+        )
+        if not at_site:
+            return (
+                f"loadertune: the script created no DataLoader {entry.where()} for {entry.name}; "
+                f"not applied (it created: {made})"
+            )
+        return (
+            f"loadertune: {entry.name}: no DataLoader the script created matches the one "
+            f"measured {entry.where()} (it created: {made}; how they differ is said above); not "
+            "applied. Run `loadertune search` again to measure the script as it is now"
+        )

@@ -24,10 +24,15 @@ NEEDS_LAUNCHER = (
 )
 
 
+def with_output(text: str, output: str) -> str:
+    """``text``, then the script's last output under a header (nothing when it printed none)."""
+    return f"{text}\n--- script output (tail) ---\n{output}" if output.strip() else text
+
+
 def raised(msg: messages.FailureMsg, output: str) -> Failure:
     """The script (or its loader) raised: classified by its text (a killed worker, shared
     memory, ...), else the script's own bug, with its traceback."""
-    detail = f"{msg['traceback']}\n--- script output (tail) ---\n{output}"
+    detail = with_output(msg["traceback"], output)
     failure = failures.classify_text(
         msg["text"], where=msg["where"], detail=detail, num_workers=msg["num_workers"]
     )
@@ -58,7 +63,7 @@ def no_batches(msg: messages.NoBatchesMsg, output: str) -> Failure:
         advice,
         user_bug=own,
         # a user bug is shown with its detail only: say what to do there too
-        detail=f"{advice}\n--- script output (tail) ---\n{output}" if own else output,
+        detail=with_output(advice, output) if own else output,
     )
 
 
@@ -101,5 +106,5 @@ def missing_loader(
         f"{msg['how']} having created {made}, so there is {wanted} (--loader)",
         advice,
         user_bug=True,  # shown with its detail only: say what to do there too
-        detail=f"{advice}\n--- script output (tail) ---\n{output}",
+        detail=with_output(advice, output),
     )

@@ -194,6 +194,8 @@ class ScriptRunner(BaseRunner):
         if result.failure is not None:
             result.failure = sup.explain(result.failure, output=tail(launch.log))
             result.resources = result.resources or sup.usage_so_far()
+        if config is None and launch.loader is None:  # its batch size is not Config(1)'s either
+            result.extra["settings_unknown"] = True
         return result
 
     def _batches_fixed(self, launch: Launch, config: Config | None) -> bool:
