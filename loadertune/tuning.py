@@ -92,7 +92,7 @@ class Tuner:
         from loadertune.trials.live import LiveConductor, LiveRunner
 
         self.runner = LiveRunner()
-        self.conductor = LiveConductor(self.runner)
+        self.conductor = LiveConductor(self.runner, report)
         self.swap: HotSwap | None = None
         self.untuned = False  # the loader cannot change setting mid-epoch: left as it is
         self.saved_to: str | None = None
@@ -137,6 +137,9 @@ class Tuner:
         except LoadertuneError as exc:
             self.report(f"loadertune: the tuning stopped: {exc}; the run goes on as it is")
         else:
+            at_own = rec.best_at_batch_size
+            if at_own is not None:  # set before the winner, which the loop reads first
+                self.runner.best_at_own = Config.from_kwargs(at_own["loader_kwargs"])
             self.runner.winner = Config.from_kwargs(
                 rec.loader_kwargs, batch_size=self.runner.own.batch_size
             )

@@ -80,6 +80,43 @@ def test_a_killed_worker_falls_back_to_the_last_good_setting_and_the_sequence_go
     assert all(whole(e) for e in epochs)
 
 
+def test_a_length_asked_after_the_search_turns_the_run_back_to_its_own_batch_size() -> None:
+    """The search picked batch size 32 and the run went on with it; then the loop asked the
+    length (a scheduler made late): from that batch on, the run is at its own 16 again, with the
+    best setting measured there, and every epoch has the 25 batches the loop was told."""
+    loader = DataLoader(Indices(), batch_size=16, shuffle=True)
+    runner = LiveRunner()
+    lines: list[str] = []
+    conductor = LiveConductor(runner, lines.append)
+    swap = HotSwap(loader, conductor, fall_back=True)
+    conductor.attach(swap)
+
+    def search() -> None:
+        window = window_for(Config(16), window_s=0.2)
+        runner.run(None, window=window, limits=Limits(timeout_s=60, startup_s=30, hang_s=10))
+        runner.best_at_own = Config(16, 2, 2)
+        runner.winner = Config(32, 2, 2)
+
+    thread = threading.Thread(target=search)
+    thread.start()
+    epochs = []
+    while thread.is_alive() or not epochs:
+        epochs.append([i for batch in swap.epoch() for i in batch.flatten().tolist()])
+    thread.join()
+    sizes = [len(batch) for batch in swap.epoch()]  # the winner's
+    assert sizes == [32] * 12 + [16], sizes
+    epoch = swap.epoch()
+    assert len(epoch) == 25  # the loop asks now
+    batches = list(epoch)
+    assert [len(b) for b in batches] == [16] * 25
+    assert whole([i for b in batches for i in b.flatten().tolist()])
+    assert swap.current is not None and swap.current.step.config == Config(16, 2, 2)
+    assert sum("after the tuning picked batch size 32" in line for line in lines) == 1, lines
+    conductor.close()
+    swap.close()
+    assert all(whole(e) for e in epochs)
+
+
 def test_tuned_trains_on_every_sample_once_per_epoch_and_saves_the_winner(tmp_path: Path) -> None:
     out = tmp_path / "rec.json"
     lines: list[str] = []

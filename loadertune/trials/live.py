@@ -23,6 +23,7 @@ import contextlib
 import os
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,8 +76,9 @@ class _Sink:
 class LiveConductor:
     """The training loop's side: hands the search's trials to the HotSwap (main thread)."""
 
-    def __init__(self, runner: LiveRunner) -> None:
+    def __init__(self, runner: LiveRunner, report: Callable[[str], None] | None = None) -> None:
         self.runner = runner
+        self.report = report
         self.swap: HotSwap | None = None
         self._slot: _Slot | None = None
         self._final: Config | None = None  # the winner, once the search is done
@@ -153,6 +155,8 @@ class LiveConductor:
     def _winner(self) -> Step | None:
         """Once the search is done: the winner, if it is not the setting running already."""
         final = self.runner.winner
+        if final is not None and self.runner.batch_size_fixed:
+            final = self._at_own_batch(final)
         if final is None or final == self._final:
             return None
         self._final = final
@@ -161,6 +165,23 @@ class LiveConductor:
         if current is not None and current.step.config == final and current.meter is None:
             return None
         return Step(final)
+
+    def _at_own_batch(self, final: Config) -> Config:
+        """The setting to run once the length was asked after the search had finished: the
+        winner at another batch size gives way to the best measured at the script's own (or,
+        if none was, its own setting), even when the winner is running already."""
+        own = self.runner.own
+        if final.batch_size == own.batch_size:
+            return final
+        kept = self.runner.best_at_own or own
+        if kept != self._final and self.report is not None:
+            self.report(
+                f"loadertune: the script asked the loader's length after the tuning picked "
+                f"batch size {final.batch_size}: the run goes on at its own {own.batch_size}, "
+                f"with {kept.label()} (the best measured there); the saved winner "
+                f"({final.label()}) sets it from the start next time"
+            )
+        return kept
 
     def finished(self, outcome: Outcome) -> bool:
         self._length_asked()  # before the search hears the result and plans the next
@@ -223,6 +244,8 @@ class LiveRunner(BaseRunner):
         self.loader_info: dict[str, Any] = {}
         self.own = Config(1)  # the loader's settings when the loop first iterated it
         self.winner: Config | None = None  # set when the search is done
+        # the best measured at ``own``'s batch size: the run's, if its length is asked too late
+        self.best_at_own: Config | None = None
         self.root_pid = os.getpid()
         self._slots: queue.Queue[_Slot] = queue.Queue()
         self._ended = threading.Event()
