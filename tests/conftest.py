@@ -58,7 +58,7 @@ def no_leftover_processes() -> object:
     """Fail a test that leaves a child process (a DataLoader worker, a trial) running."""
     before = set(_descendants())
     yield
-    from loadertune.trials.inline import multiprocessing_helper
+    from loadertune.measure.resources import multiprocessing_helper
 
     deadline = time.monotonic() + 5.0  # a worker being reaped may take a moment
     while True:

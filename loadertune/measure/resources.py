@@ -117,9 +117,24 @@ def _sum_rss(procs: list[psutil.Process]) -> int:
 SAMPLED_WORKERS = 4
 
 
+def multiprocessing_helper(proc: psutil.Process) -> bool:
+    """A process multiprocessing keeps for this process's lifetime (the resource tracker; the
+    fork server, Python 3.14's default): not a worker, and killing it breaks multiprocessing."""
+    try:
+        cmdline = " ".join(proc.cmdline())
+    except psutil.Error:
+        return False
+    return "multiprocessing.resource_tracker" in cmdline or "multiprocessing.forkserver" in cmdline
+
+
+def _workers(procs: list[psutil.Process], mains: set[int]) -> list[psutil.Process]:
+    """The processes of ``procs`` that are neither main processes nor multiprocessing's own."""
+    return [p for p in procs if p.pid not in mains and not multiprocessing_helper(p)]
+
+
 def _sampled(procs: list[psutil.Process], mains: set[int]) -> list[psutil.Process]:
     """The main processes and at most :data:`SAMPLED_WORKERS` workers, spread over the pids."""
-    workers = sorted((p for p in procs if p.pid not in mains), key=lambda p: p.pid)
+    workers = sorted(_workers(procs, mains), key=lambda p: p.pid)
     step = max(1, len(workers) // SAMPLED_WORKERS)
     return [p for p in procs if p.pid in mains] + workers[::step][:SAMPLED_WORKERS]
 
@@ -238,7 +253,7 @@ class ResourceSampler:
         end = _Snapshot(time.monotonic(), _cpu_seconds(procs), _memory_full(_sampled(procs, mains)))
         start = self._start
         u = self.usage
-        workers = [pid for pid in end.cpu if pid not in mains]
+        workers = [p.pid for p in _workers(procs, mains) if p.pid in end.cpu]
         u.n_workers = len(workers)
         if start is not None and end.wall > start.wall:
             wall = end.wall - start.wall

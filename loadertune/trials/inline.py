@@ -29,6 +29,7 @@ from loadertune.config import Config
 from loadertune.errors import UserCodeError
 from loadertune.measure.failures import Failure, FailureKind, classify_exception
 from loadertune.measure.meter import Meter, WindowSpec
+from loadertune.measure.resources import multiprocessing_helper
 from loadertune.trials import _torch_internals as _internals
 from loadertune.trials import lifeline
 from loadertune.trials import loader as dl
@@ -41,16 +42,6 @@ def _children() -> dict[int, psutil.Process]:
         return {p.pid: p for p in psutil.Process().children(recursive=True)}
     except psutil.Error:
         return {}
-
-
-def multiprocessing_helper(proc: psutil.Process) -> bool:
-    """A process multiprocessing keeps for this process's lifetime (the resource tracker; the
-    fork server, Python 3.14's default): not a worker, and killing it breaks multiprocessing."""
-    try:
-        cmdline = " ".join(proc.cmdline())
-    except psutil.Error:
-        return False
-    return "multiprocessing.resource_tracker" in cmdline or "multiprocessing.forkserver" in cmdline
 
 
 def kill_new_children(before: set[int], grace_s: float = 3.0) -> int:
