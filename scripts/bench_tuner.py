@@ -154,6 +154,7 @@ def bench(workload: Any, args: argparse.Namespace) -> dict[str, Any]:
         "tuner_stop": rec.search["stop_reason"],
         "batch_sizes": list(workload.batch_sizes),
         "grid_settings": len(grid),
+        "grid": {c.label(): v for c, v in sorted(grid.items(), key=lambda kv: -kv[1])},
         "grid_space_settings": result.space_settings,
         "grid_thinned": result.thinned,
         "grid_refined": [c.label() for c in result.refined],
