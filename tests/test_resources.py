@@ -74,3 +74,16 @@ def test_a_breach_the_rss_suggests_is_confirmed_once_while_the_rss_holds(
     del it
     assert sampler.budget_hit is None
     assert reads == [len(tree)], reads  # one read, of every process
+
+
+def test_a_budget_hit_counts_the_workers_not_multiprocessing_s_helper() -> None:
+    """The back-off sizes the next worker count by what each worker held at the hit."""
+    resource_tracker.ensure_running()
+    it = started(3)
+    with ResourceSampler(os.getpid(), budget_bytes=1) as sampler:
+        deadline = time.monotonic() + 10
+        while sampler.budget_hit is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    del it
+    assert sampler.budget_hit is not None
+    assert sampler.usage.n_workers == 3

@@ -284,12 +284,14 @@ class ResourceSampler:
                 u.gpu_util_percent = list(self._polled)
         return u
 
-    def _memory_at_hit(self, memory: dict[int, tuple[int, int]]) -> None:
+    def _memory_at_hit(
+        self, memory: dict[int, tuple[int, int]], procs: list[psutil.Process]
+    ) -> None:
         """What each worker held when the budget was crossed: the search learns from a failed
         trial how many workers would fit."""
         u = self.usage
-        mains = self._mains()
-        workers = [pss for pid, (pss, _) in memory.items() if pid not in mains]
+        pids = {p.pid for p in _workers(procs, self._mains())}
+        workers = [pss for pid, (pss, _) in memory.items() if pid in pids]
         u.pss_bytes = sum(pss for pss, _ in memory.values())
         u.n_workers = len(workers)
         u.worker_pss_bytes = int(statistics.fmean(workers)) if workers else None
@@ -334,7 +336,7 @@ class ResourceSampler:
                 pss = sum(p for p, _ in memory.values())  # RSS overcounts; confirm
                 if pss > self._budget:
                     self.budget_hit = pss
-                    self._memory_at_hit(memory)
+                    self._memory_at_hit(memory, procs)
                 # the tree's PSS grows by no more than its RSS does
                 confirmed_rss, room = rss, self._budget - pss
             if self._window_open and self.gpu_index is not None:
