@@ -325,7 +325,7 @@ def _start_and_wait(
     storage = f"sqlite:///{Path(os.environ['LOADERTUNE_CACHE_DIR']) / 'studies.db'}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(1.0)
+        time.sleep(0.2)  # the signal must come while the search runs: look often
         try:
             study = optuna.load_study(study_name=study_name, storage=storage)
         except KeyError:
