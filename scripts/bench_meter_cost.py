@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader
 
 from loadertune import hardware
 from loadertune.config import Config
+from loadertune.measure.counting import structure_counter
 from loadertune.measure.resources import tree_pss
 from loadertune.search import SearchSettings
 from loadertune.trials import Limits, window_for
@@ -46,7 +47,7 @@ def bare(dataset: Any, step: Any, config: Config, window_s: float) -> float:
     while time.perf_counter() - t0 < window_s:
         batch = next(it)
         step(batch)
-        samples += len(batch[0]) if isinstance(batch, (list, tuple)) else len(batch)
+        samples += structure_counter(batch, 0)  # as the meter counts
     rate = samples / (time.perf_counter() - t0)
     del it
     return rate

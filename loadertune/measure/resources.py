@@ -7,11 +7,11 @@ in :attr:`ResourceSampler.main_pids`). Reading PSS costs about 4 ms of CPU per p
 process, where an in-process trial's loop runs: at 108 workers a read of every one took 0.4 s of
 CPU on 2 CPUs, at the window's start, and again every quarter second while the RSS sum (which
 counts shared pages once per process: 19 GiB against 1.4 GiB of PSS) stood above the memory
-budget; many-worker settings measured half their rate (``python scripts/bench_meter_cost.py``).
+budget; 108-worker trials measured 0.63 of a bare loop (``python scripts/bench_meter_cost.py``).
 So the window's ends read the main processes and :data:`SAMPLED_WORKERS` workers (the workers of
-a loader are alike; totals are scaled to the count), and a budget breach the RSS suggests is
-confirmed by reading every process only when the RSS has grown, since the last confirmation,
-by more than that left the PSS below the budget. GPU utilization comes from NVML's own
+a loader are alike; totals are scaled to the count), and a breach the RSS suggests is confirmed
+by a read of every process only once the RSS has grown, since the last such read, by more than
+the room that read left below the budget. GPU utilization comes from NVML's own
 sample buffer over the window, with polling as a fallback for devices that cannot report it.
 """
 
@@ -132,11 +132,14 @@ def _workers(procs: list[psutil.Process], mains: set[int]) -> list[psutil.Proces
     return [p for p in procs if p.pid not in mains and not multiprocessing_helper(p)]
 
 
-def _sampled(procs: list[psutil.Process], mains: set[int]) -> list[psutil.Process]:
-    """The main processes and at most :data:`SAMPLED_WORKERS` workers, spread over the pids."""
-    workers = sorted(_workers(procs, mains), key=lambda p: p.pid)
-    step = max(1, len(workers) // SAMPLED_WORKERS)
-    return [p for p in procs if p.pid in mains] + workers[::step][:SAMPLED_WORKERS]
+def _sampled(
+    procs: list[psutil.Process], mains: set[int], workers: list[psutil.Process] | None = None
+) -> list[psutil.Process]:
+    """The main processes and at most :data:`SAMPLED_WORKERS` workers (``workers``, if already
+    found), spread over the pids."""
+    spread = sorted(_workers(procs, mains) if workers is None else workers, key=lambda p: p.pid)
+    step = max(1, len(spread) // SAMPLED_WORKERS)
+    return [p for p in procs if p.pid in mains] + spread[::step][:SAMPLED_WORKERS]
 
 
 def _memory_full(procs: list[psutil.Process]) -> dict[int, tuple[int, int]]:
@@ -250,10 +253,12 @@ class ResourceSampler:
         end_unix_us = int(time.time() * 1e6)
         procs = process_tree(self._root)
         mains = self._mains()
-        end = _Snapshot(time.monotonic(), _cpu_seconds(procs), _memory_full(_sampled(procs, mains)))
+        found = _workers(procs, mains)
+        memory = _memory_full(_sampled(procs, mains, found))
+        end = _Snapshot(time.monotonic(), _cpu_seconds(procs), memory)
         start = self._start
         u = self.usage
-        workers = [p.pid for p in _workers(procs, mains) if p.pid in end.cpu]
+        workers = [p.pid for p in found if p.pid in end.cpu]
         u.n_workers = len(workers)
         if start is not None and end.wall > start.wall:
             wall = end.wall - start.wall
