@@ -198,7 +198,7 @@ def _advise_step(outcome: SearchOutcome, hw: Hardware, diag: dict[str, Any]) -> 
         )
     fits = (gpu or {}).get("predicted_max_batch_size")
     more = (
-        f"; a batch of up to {fits} is predicted to fit"
+        f"; the GPU-memory line predicts a batch of {fits} fits (convolutions often fit more)"
         if fits and fits > outcome.winner.batch_size
         else ""
     )

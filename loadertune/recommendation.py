@@ -13,13 +13,13 @@ from loadertune import analysis, store
 from loadertune.config import Config
 from loadertune.hardware import Hardware
 from loadertune.search import SearchOutcome
-from loadertune.search.confirm import rates_clearly_better
+from loadertune.search.confirm import sub_windows_clearly_better
 from loadertune.trials import TrialResult
 
 
 def _clearly_better(outcome: SearchOutcome, winner: Config, base: Config) -> bool:
     """Without the confirmation's verdict on this winner (it ran out of budget, or a live run
-    kept its own setting): the winner's sub-window rates in this run all beat the baseline's, as
+    kept its own setting): the winner's sub-window rates in this run against the baseline's, as
     the confirmation decides on a tight budget. One lucky window is not "clearly faster"."""
     if winner == base:
         return False
@@ -32,7 +32,7 @@ def _clearly_better(outcome: SearchOutcome, winner: Config, base: Config) -> boo
             for r in t.measurement.sub_window_samples_per_s
         ]
 
-    return rates_clearly_better(rates(winner), rates(base))
+    return sub_windows_clearly_better(rates(winner), rates(base))
 
 
 def _figures(results: list[TrialResult]) -> dict[str, Any] | None:

@@ -464,3 +464,28 @@ def test_a_setting_the_rounds_left_out_does_not_win_later(clock: _Clock) -> None
     assert ran.count(C) == 2 and C in outcome.left_out
     assert outcome.median(C) == 200.0 and outcome.median(B) == 100.0
     assert outcome.winner in (B, D)
+
+
+def test_one_round_each_a_several_fold_mean_is_clearly_better_despite_slow_sub_windows() -> None:
+    """Short epochs put sub-windows near zero among fast ones (seen on a GPU machine): the
+    winner's mean, resampled, beats the baseline's by more than the single-trial margin."""
+    conf = _confirmation(
+        A,
+        {A: [1450.0], B: [8000.0]},
+        subs={
+            A: [[1400.0, 1500.0, 1450.0, 1480.0]],
+            B: [[30.0, 16000.0, 15000.0, 17000.0, 900.0, 16000.0, 14000.0, 16500.0]],
+        },
+    )
+    assert conf.clearly_better is True
+
+
+def test_one_round_each_a_mean_within_the_margin_is_not_clearly_better() -> None:
+    """1.6 times the baseline's mean, but sub-windows this spread: resampled, the mean is not
+    1.5 times the baseline's often enough."""
+    conf = _confirmation(
+        A,
+        {A: [100.0], B: [160.0]},
+        subs={A: [[100.0, 110.0, 105.0, 95.0]], B: [[90.0, 260.0, 150.0, 140.0]]},
+    )
+    assert conf.clearly_better is False

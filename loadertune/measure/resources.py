@@ -281,6 +281,7 @@ class ResourceSampler:
             main_pss = sum(pss for pid, (pss, _) in end.memory.items() if pid in mains)
             u.pss_bytes = main_pss + (u.worker_pss_bytes or 0) * len(workers)
         u.rss_peak_bytes = max(u.rss_peak_bytes, _sum_rss(procs))
+        u.gpu_index = self.gpu_index  # found at the window's start, where the trial reports it
         if self.gpu_index is not None:
             samples = nvml.utilization_samples(self.gpu_index, self._start_unix_us)
             if samples is not None:

@@ -110,6 +110,7 @@ class LiveConductor:
             self.runner.root_pid,
             limits=slot.request.limits,
             should_stop=slot.request.should_stop,
+            find_gpu=dl.nvml_index_for_current_device,  # the training's own process
             rests_fail=False,
         )
         sup.__enter__()

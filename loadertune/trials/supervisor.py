@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 
 from loadertune.measure import failures
 from loadertune.measure.failures import Failure, FailureKind
@@ -30,6 +31,9 @@ class Supervisor:
     :func:`~loadertune.measure.failures.rested` (a trial cannot wait for a loader used that
     seldom), unless ``rests_fail`` is False: a real training run
     (:mod:`loadertune.trials.live`) is not stopped for its validation.
+
+    ``find_gpu`` names the NVML index of the trial's GPU, asked at the window's start while none
+    is known (a trial in this process may be the first to use CUDA).
     """
 
     def __init__(
@@ -39,11 +43,13 @@ class Supervisor:
         limits: Limits,
         should_stop: ShouldStop | None = None,
         gpu_index: int | None = None,
+        find_gpu: Callable[[], int | None] | None = None,
         rests_fail: bool = True,
     ) -> None:
         self.limits = limits
         self.rests_fail = rests_fail
         self._should_stop = should_stop
+        self._find_gpu = find_gpu
         self.sampler = ResourceSampler(
             root_pid, budget_bytes=limits.memory_budget_bytes, gpu_index=gpu_index
         )
@@ -69,6 +75,8 @@ class Supervisor:
         if name == "first_batch":
             self.started = True
         elif name == "window_start":
+            if self.sampler.gpu_index is None and self._find_gpu is not None:
+                self.sampler.gpu_index = self._find_gpu()
             self.sampler.window_started()
 
     def progress(self, index: int, samples_per_s: float) -> bool:
