@@ -118,6 +118,16 @@ def test_memory_model_predicts_a_batch_that_fits_and_an_oom_is_recovered() -> No
     assert after.ok
 
 
+def test_a_trial_after_a_larger_batch_reads_its_own_peak() -> None:
+    """The allocator's cache from a larger batch is not the next trial's peak (not yet run on
+    a GPU: written after the device time of the session that found it was spent)."""
+    runner = InlineRunner(Images(n=100000, side=128), step=train_step_for(cnn(width=128)))
+    large = run(runner, Config(128), phase="replay", window_s=0.5)
+    small = run(runner, Config(16), phase="replay", window_s=0.5)
+    assert large.ok and small.ok, (large.failure, small.failure)
+    assert small.cuda_peak_reserved_bytes < 0.5 * large.cuda_peak_reserved_bytes
+
+
 class CudaInDataset(Images):
     def __getitem__(self, i: int):
         return torch.ones(4, device="cuda"), 0

@@ -8,7 +8,8 @@ either; and a batch size that ran out of GPU memory is never recommended.
 Why a reach beyond the prediction: the line fitted on small batches over-predicts where cuDNN
 takes leaner algorithms near the memory limit. On an H100, for a three-layer, 128-channel CNN
 on 128-pixel images, the line fitted at batches 16 to 64 allowed 745 (with the margin); 1,862
-peaked at 76 GiB and 2,170 at 82 of the card's 84 GB, both without running out. A batch
+peaked at 74.6 GiB and 2,170 at 76.6 GiB, of the 78.4 GiB the process could hold, both without
+running out. A batch
 between the two is tried: running out is a trial's recorded failure, and it rules out every
 larger batch.
 """

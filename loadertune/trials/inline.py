@@ -179,8 +179,7 @@ class InlineRunner(BaseRunner):
         warnings = self._check_sharding(config)
         result = TrialResult(config, phase=request.phase)
         before = set(_children())
-        if torch.cuda.is_initialized():
-            torch.cuda.reset_peak_memory_stats()
+        dl.reset_cuda_peaks()
         sup = Supervisor(
             os.getpid(),
             limits=limits,

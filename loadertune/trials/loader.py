@@ -382,8 +382,14 @@ def transfer_rates(batch: Any, *, repeats: int = 10) -> dict[str, float] | None:
 
 
 def reset_cuda_peaks() -> None:
-    """Start counting peak GPU memory afresh (a new trial in the same process)."""
+    """Start counting peak GPU memory afresh (a new trial in the same process).
+
+    The allocator's cache goes back to the driver first: a peak of *reserved* memory starts from
+    what is reserved now, and what an earlier trial's larger batch left cached would otherwise
+    be this trial's peak (on an H100, every trial after a grid's largest batch read the same
+    22,674 MiB, and the fitted memory line had no slope)."""
     if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
 
 
