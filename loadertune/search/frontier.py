@@ -5,13 +5,13 @@ shared memory, file descriptors) would fail the same way; a batch the GPU-memory
 will need more than :data:`UNVERIFIED_REACH` times what fits (with the margin) is not tried
 either; and a batch size that ran out of GPU memory is never recommended.
 
-Why a reach beyond the prediction: the line fitted on small batches over-predicts where cuDNN
-takes leaner algorithms near the memory limit. On an H100, for a three-layer, 128-channel CNN
-on 128-pixel images, the line fitted at batches 16 to 64 allowed 745 (with the margin); 1,862
-peaked at 74.6 GiB and 2,170 at 76.6 GiB, of the 78.4 GiB the process could hold, both without
-running out. A batch
-between the two is tried: running out is a trial's recorded failure, and it rules out every
-larger batch.
+Why a reach beyond the prediction: the line fitted on small batches over-predicts near the
+memory limit. On an H100, for a three-layer, 128-channel CNN on 128-pixel images, the line
+fitted at batches 16 to 64 allowed 745 (with the margin); 1,862 peaked at 74.6 GiB and 2,170
+at 76.6 GiB, of the 78.4 GiB the process could hold, both without running out. The likely
+cause, not established: cuDNN's workspace, part of each small batch's peak, is chosen smaller
+when memory is short. A batch between the two is tried: running out is a trial's recorded
+failure, and it rules out every larger batch.
 """
 
 from __future__ import annotations
