@@ -109,7 +109,11 @@ def run_search(
     workload: dict[str, Any],
     hide_batch_size: bool = False,
 ) -> Recommendation:
-    """Search with ``runner`` and build the recommendation; the runner is closed after."""
+    """Search with ``runner`` and build the recommendation; the runner is closed after.
+
+    Ctrl-C or SIGTERM once the search is over (the runner closing, the recommendation being
+    built) is the same :class:`SearchInterrupted` as during it, with the winner as the best so
+    far; the runner is closed all the same."""
     try:
         outcome = Search(
             runner,
@@ -124,8 +128,26 @@ def run_search(
         # that met it is noise in front of it.
         raise exc.with_traceback(None) from None
     finally:
-        runner.close()
-    return build_recommendation(outcome, hw, workload=workload, hide_batch_size=hide_batch_size)
+        stopped = _close(runner)  # an exception on its way out goes on
+    try:
+        if stopped is not None:
+            raise stopped
+        return build_recommendation(outcome, hw, workload=workload, hide_batch_size=hide_batch_size)
+    except KeyboardInterrupt as exc:
+        raise outcome.interrupted() from exc
+
+
+def _close(runner: TrialRunner) -> KeyboardInterrupt | None:
+    """Close ``runner`` even when Ctrl-C or SIGTERM lands meanwhile (its processes must not
+    outlive the search); the interrupt is handed back, to be raised once it is closed."""
+    stopped = None
+    for _ in range(3):
+        try:
+            runner.close()
+            return stopped
+        except KeyboardInterrupt as exc:
+            stopped = exc
+    return stopped
 
 
 def resolved_settings(settings: SearchSettings, hw: Hardware, *, study_name: str) -> SearchSettings:

@@ -665,3 +665,23 @@ def test_force_says_where_the_unreadable_file_is_kept(tmp_path: Path) -> None:
     (copy,) = tmp_path.glob("rec.json.corrupt-*")
     assert copy.read_text() == "{not json"
     assert json.loads(out.read_text())["machines"]
+
+
+def test_an_interrupt_past_the_search_exits_130_and_says_what_is_kept(tmp_path, monkeypatch):
+    """Ctrl-C after the search's own handling (saving the file): exit 130 with a line on what
+    is kept, not click's 'Aborted!' and exit 1."""
+    from click.testing import CliRunner
+
+    from loadertune import api
+    from loadertune.cli import cli
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(api, "tune_script", interrupted)
+    script = tmp_path / "train.py"
+    script.write_text("print('never run')\n")
+    result = CliRunner().invoke(cli, ["search", str(script), "--out", str(tmp_path / "r.json")])
+    assert result.exit_code == 130, result.output
+    assert "trials are kept in its study" in result.output
+    assert "Aborted" not in result.output

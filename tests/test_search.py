@@ -438,6 +438,37 @@ def test_interrupted_search_keeps_its_trials_and_resumes(tmp_path, hw) -> None:
     assert outcome.values[outcome.winner] >= 0.95 * 6000
 
 
+def test_an_interrupt_as_the_search_finishes_is_an_interrupted_search(tmp_path, hw) -> None:
+    """Ctrl-C or SIGTERM while the runner closes, once the search is over: the runner is closed
+    all the same, and the interrupt says what the study keeps, with the winner as the best so
+    far (it escaped as a bare KeyboardInterrupt: click's 'Aborted!', exit 1, nothing saved)."""
+    from loadertune.api import run_search
+
+    class ClosingSlowly(FakeRunner):
+        closes = 0
+
+        def close(self) -> None:
+            self.closes += 1
+            if self.closes == 1:
+                raise KeyboardInterrupt
+
+    runner = ClosingSlowly(io_landscape)
+    s = settings(tmp_path, study_name="finishing", patience=10, budget_s=5)
+    with pytest.raises(SearchInterrupted, match="as it finished") as info:
+        run_search(
+            runner,
+            baseline=Config(32),
+            batch_sizes=[32],
+            settings=s,
+            observer=None,
+            hw=hw,
+            workload={"kind": "dataset"},
+        )
+    assert runner.closes == 2  # closed after the interrupt
+    assert info.value.best is not None and info.value.best["samples_per_s"] > 0
+    assert info.value.n_complete >= 3 and info.value.study_name == "finishing"
+
+
 def _search(runner: FakeRunner, s: SearchSettings, hw: Hardware, workers: int = 0):
     baseline = Config(32, workers)
     return Search(runner, hardware=hw, baseline=baseline, batch_sizes=[32], settings=s).run()

@@ -179,6 +179,9 @@ def search(
         _interrupted(exc, out, save_partial=save_partial, force=force)
     except LoadertuneError as exc:
         fail(exc)
+    except KeyboardInterrupt as exc:  # past the search (saving its file): nothing half-written
+        say("yellow", "interrupted; the search's trials are kept in its study")
+        sys.exit(143 if isinstance(exc, _Terminated) else 130)
     console = err if as_json else plain_console()
     print_summary(rec, console, trials=show_trials)
     console.print(f"saved to {path}", highlight=False, soft_wrap=True)
