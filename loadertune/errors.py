@@ -91,3 +91,24 @@ class SearchInterrupted(LoadertuneError, KeyboardInterrupt):
         self.storage = storage
         self.n_complete = n_complete
         self.best = best  # the best setting so far: loader_kwargs, samples_per_s (None if none)
+
+    @classmethod
+    def kept(
+        cls,
+        *,
+        study_name: str,
+        storage: str,
+        n_complete: int,
+        best: dict[str, Any] | None,
+        when: str = "",
+    ) -> SearchInterrupted:
+        """The interrupt, saying what the study keeps and how to resume; ``when``: a phrase
+        after "interrupted" (" as it finished")."""
+        return cls(
+            f"search interrupted{when}; {n_complete} completed trials are kept in study "
+            f"{study_name!r} ({storage}); run the same command again to resume",
+            study_name=study_name,
+            storage=storage,
+            n_complete=n_complete,
+            best=best,
+        )

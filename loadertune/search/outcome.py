@@ -67,13 +67,12 @@ class SearchOutcome:
             "samples_per_s": median([t.samples_per_s for t in ok]),
             "epoch_samples_per_s": median([t.epoch_samples_per_s for t in ok]),
         }
-        return SearchInterrupted(
-            f"search interrupted as it finished; its {n} completed trials are kept in study "
-            f"{self.study_name!r} ({self.storage}); run the same command again to resume",
+        return SearchInterrupted.kept(
             study_name=self.study_name,
             storage=self.storage,
             n_complete=n,
             best=best if ok else None,
+            when=" as it finished",
         )
 
     def results_for(self, config: Config) -> list[TrialResult]:

@@ -309,13 +309,8 @@ class StudyLog:
         """Ctrl-C: close the open trial; the error says what the study keeps and how to resume."""
         self.abandon("interrupted")
         n = self.n_complete() + self._n_unrecorded(ok=True)
-        return SearchInterrupted(
-            f"search interrupted; {n} completed trials are kept in study {self.name!r} "
-            f"({self.storage}); run the same command again to resume",
-            study_name=self.name,
-            storage=self.storage,
-            n_complete=n,
-            best=best,
+        return SearchInterrupted.kept(
+            study_name=self.name, storage=self.storage, n_complete=n, best=best
         )
 
     @_whole
