@@ -24,7 +24,8 @@ version 2.
 Saving merges: the other machines' and workloads' entries survive, and a partial entry (an
 interrupted search) never replaces a complete one. The new document is written to a temporary
 file in the same directory, flushed to disk and renamed over the old one, all under a lock file
-(``<file>.lock``), so two searches saving at once both land and a crash never leaves half a file.
+(``.<file>.lock``, hidden beside it), so two searches saving at once both land and a crash never
+leaves half a file.
 The new file gets the old one's mode and owner (a shared 644 file stays readable to others); a
 new file gets the mode ``open()`` would give it. A read-only file (no write permission) is never
 replaced, and a folder that cannot be written is an error: :func:`check_writable` says so before
@@ -266,7 +267,8 @@ def save_entry(
         raise RecommendationFileError(
             f"cannot create the folder {path.parent}: {exc.strerror or exc}"
         ) from exc
-    lock = FileLock(f"{path}.lock", timeout=LOCK_TIMEOUT_S)
+    lock_path = path.with_name(f".{path.name}.lock")
+    lock = FileLock(lock_path, timeout=LOCK_TIMEOUT_S)
     try:
         with lock:
             try:
@@ -293,7 +295,7 @@ def save_entry(
             _write_atomic(path, doc)
     except Timeout as exc:
         raise RecommendationFileError(
-            f"{path} is locked by another process (lock file {path}.lock) for over "
+            f"{path} is locked by another process (lock file {lock_path}) for over "
             f"{LOCK_TIMEOUT_S:.0f} s; if no loadertune is running, delete the lock file."
         ) from exc
     return path

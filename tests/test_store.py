@@ -101,6 +101,8 @@ def test_save_leaves_no_temporary_files(tmp_path: Path) -> None:
         store.save_entry(path, f"k{i}", _entry())
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
     assert leftovers == []
+    visible = [p.name for p in tmp_path.iterdir() if not p.name.startswith(".")]
+    assert visible == ["rec.json"]  # the lock file, if it stays, is hidden
 
 
 def test_save_writes_non_json_values_as_text(tmp_path: Path) -> None:
