@@ -467,7 +467,7 @@ def test_a_setting_the_rounds_left_out_does_not_win_later(clock: _Clock) -> None
 
 
 def test_one_round_each_a_several_fold_mean_is_clearly_better_despite_slow_sub_windows() -> None:
-    """Short epochs put sub-windows near zero among fast ones (seen on a GPU machine): the
+    """Sub-windows spread by twice their median, as short epochs did on a GPU machine: the
     winner's mean, resampled, beats the baseline's by more than the single-trial margin."""
     conf = _confirmation(
         A,

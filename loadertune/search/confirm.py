@@ -149,8 +149,8 @@ def sub_windows_clearly_better(ours: Sequence[float], theirs: Sequence[float]) -
     :data:`SINGLE_TRIAL_MARGIN` in 97.5% of draws (a seeded bootstrap).
 
     The second test is for windows whose sub-windows differ by more than noise: on a 16-CPU
-    GPU machine, an example script's short epochs put sub-windows near zero among fast ones
-    (spread 198%), and a setting 5.4 times the baseline's rate was called within noise for its
+    GPU machine, an example script's short epochs spread a window's sub-windows by twice their
+    median, and a setting 5.4 times the baseline's rate was called within noise for its
     slowest sub-window. The mean is what the window's rate is made of."""
     if rates_clearly_better(ours, theirs):
         return True
