@@ -325,8 +325,17 @@ def worker_time(w: Workload, n: Any, bs: int) -> Any:
     return k * load_cpu(w, bs) + w.io_s
 
 
+def busy_workers(w: Workload, bs: int, n: Any) -> Any:
+    """The workers that get batches: torch hands an epoch's batches to its workers in turn,
+    from the first at every epoch, so a worker past an epoch's batch count gets none."""
+    if not w.epoch_samples:
+        return n
+    return np.minimum(n, max(1, math.ceil(w.epoch_samples / bs)))
+
+
 def stage_rates(w: Workload, bs: int, n: Any, pf: int, pin: bool) -> dict[str, Any]:
-    """Samples/s each stage allows with ``n >= 1`` workers."""
+    """Samples/s each stage allows with ``n >= 1`` workers (of which the busy ones load)."""
+    n = busy_workers(w, bs, n)
     t_w = worker_time(w, n, bs)
     cpu_w = t_w - w.io_s
     main_cpu = (
@@ -365,7 +374,7 @@ def steady_rate(w: Workload, bs: int, n: Any, pf: int | None, pin: bool) -> Any:
     stages = stage_rates(w, bs, n, pf or 2, pin)
     loading = np.minimum(stages["loader"], stages["io"])
     if w.variability > 0:
-        flow = buffered(loading, stages["main"], n * (pf or 2), w.variability)
+        flow = buffered(loading, stages["main"], busy_workers(w, bs, n) * (pf or 2), w.variability)
     else:
         flow = np.minimum(loading, stages["main"])
     return np.minimum(flow, stages["cpu"])

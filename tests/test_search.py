@@ -151,10 +151,17 @@ def settings(tmp_path, **kw) -> SearchSettings:
     return SearchSettings(**{**base, **kw})
 
 
-def search_at_32(runner: FakeRunner, hw: Hardware, search_settings: SearchSettings):
-    """A search of ``runner``'s workload from a baseline of batch 32, at that batch only."""
+def search_at_32(
+    runner: FakeRunner, hw: Hardware, search_settings: SearchSettings, batch_size: int = 32
+):
+    """A search of ``runner``'s workload from a baseline of batch 32 (or ``batch_size``), at
+    that batch only."""
     return Search(
-        runner, hardware=hw, baseline=Config(32), batch_sizes=[32], settings=search_settings
+        runner,
+        hardware=hw,
+        baseline=Config(batch_size),
+        batch_sizes=[batch_size],
+        settings=search_settings,
     ).run()
 
 
@@ -194,14 +201,13 @@ def test_an_epoch_as_short_as_a_trial_is_measured_whole(tmp_path, hw, epoch_samp
 def test_a_setting_measured_slow_gets_a_window_where_the_best_gets_whole_epochs(
     tmp_path, hw
 ) -> None:
-    """An epoch of 40 samples takes 0.007 s at the best's 6000 samples/s (whole, under two
-    trials of 0.01 s) and 0.1 s at the baseline's 400: re-measured in the confirmation, the
-    baseline gets a window, not a whole epoch ten trials long (a slow baseline's whole epoch
-    once ran 54 s past a search's deadline in the simulator)."""
-    runner = FakeRunner(io_landscape, epoch_samples=40)
-    outcome = Search(
-        runner, hardware=hw, baseline=Config(32), batch_sizes=[32], settings=settings(tmp_path)
-    ).run()
+    """An epoch of 400 samples (13 batches: room for the best's 12 workers) takes 0.07 s at
+    the best's 6000 samples/s (whole, under two trials of 0.05 s) and 1 s at the baseline's
+    400: re-measured in the confirmation, the baseline gets a window, not a whole epoch twenty
+    trials long (a slow baseline's whole epoch once ran 54 s past a search's deadline in the
+    simulator)."""
+    runner = FakeRunner(io_landscape, epoch_samples=400, cost_s=0.05)
+    outcome = search_at_32(runner, hw, settings(tmp_path, budget_s=10))
     trials = zip(runner.windows, runner.log, strict=True)
     confirmed = [(c, w) for (p, w), (_, c) in trials if p == "confirm"]
     assert any(c == Config(32) for c, _ in confirmed)
@@ -1150,3 +1156,12 @@ def test_without_a_winner_from_the_rounds_the_pick_is_no_setting_that_failed_in_
     assert outcome.confirmation is not None and outcome.confirmation.winner is None
     assert confirmed and outcome.winner not in confirmed
     assert outcome.winner in outcome.values
+
+
+def test_no_trial_has_more_workers_than_an_epoch_has_batches(tmp_path, hw) -> None:
+    """An epoch of 2,048 samples is 8 batches of 256: the loading wants 12 workers, but a
+    ninth would get no batch. The search stays within 8 and still finds the best there."""
+    runner = FakeRunner(io_landscape, epoch_samples=2048)
+    outcome = search_at_32(runner, hw, settings(tmp_path, budget_s=20, patience=30), 256)
+    assert max(c.num_workers for _, c in runner.log) <= 8
+    assert outcome.winner.num_workers == 8

@@ -596,3 +596,18 @@ def test_a_space_is_widened_only_when_its_best_sits_at_a_cpu_rule_edge() -> None
     near_ram = SearchSpace(batch_sizes=(32,), max_workers=16, limits={"cpu": 16, "ram": 20})
     assert widened(near_ram, best_workers=16).max_workers == 20
     assert widened(space, best_workers=16, hard=16) is space
+
+
+def test_workers_stay_within_an_epochs_batches() -> None:
+    """7,168 samples: 28 batches at 256, 224 at 32. A worker past an epoch's batches gets none
+    (torch deals an epoch's batches from the first worker at every epoch)."""
+    space = SearchSpace(batch_sizes=(32, 256), max_workers=64, epoch_samples=7168)
+    assert space.rejects(Config(256, 28, 2)) is None
+    assert "28 batches of an epoch" in (space.rejects(Config(256, 29, 2)) or "")
+    assert space.rejects(Config(32, 64, 2)) is None
+    assert max(c.num_workers for c in space.configs() if c.batch_size == 256) == 28
+    tiny = SearchSpace(batch_sizes=(256,), max_workers=8, epoch_samples=100)
+    assert tiny.rejects(Config(256, 1, 2)) is None  # one batch: one worker may still load it
+    assert tiny.rejects(Config(256, 2, 2)) is not None
+    unknown = SearchSpace(batch_sizes=(256,), max_workers=64)
+    assert unknown.rejects(Config(256, 64, 2)) is None

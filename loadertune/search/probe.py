@@ -396,5 +396,6 @@ def space_for(
         if hw.shm_free_bytes
         else None,
         bytes_per_sample=bytes_per_sample,
+        epoch_samples=epoch_samples,
         limits=limits,
     )

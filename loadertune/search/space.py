@@ -5,6 +5,10 @@ from 0 to a cap set by the usable CPUs (higher when loading waits on I/O rather 
 by host RAM per worker and by ``/dev/shm``, which holds every batch in flight
 (``num_workers * prefetch_factor`` of them). ``pin_memory`` is searched only with CUDA, and
 ``persistent_workers`` only when the epoch length is known (its benefit is a per-epoch saving).
+With a known epoch length, ``num_workers`` stays within an epoch's batches at each batch size:
+torch hands an epoch's batches to the workers in turn from the first at every epoch, so a worker
+past the epoch's batch count gets none (on a 16-CPU machine a search had measured 24 and 34
+workers for an epoch of 28 batches).
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ class SearchSpace:
         max_in_flight_bytes: bytes that batches in flight may take (shared memory and RAM); a
             setting over it is never tried. None: no limit known.
         bytes_per_sample: size of one collated sample, measured by the probe.
+        epoch_samples: samples per epoch, when known: ``num_workers`` stays within an epoch's
+            batches.
         limits: why ``max_workers`` is what it is (for the report).
     """
 
@@ -54,7 +60,11 @@ class SearchSpace:
     persistent_workers: tuple[bool, ...] = (False, True)
     max_in_flight_bytes: float | None = None
     bytes_per_sample: float | None = None
+    epoch_samples: int | None = None
     limits: dict[str, int] = field(default_factory=dict, compare=False)
+
+    def batches_per_epoch(self, batch_size: int) -> int | None:
+        return math.ceil(self.epoch_samples / batch_size) if self.epoch_samples else None
 
     def in_flight_bytes(self, config: Config) -> float | None:
         if self.bytes_per_sample is None:
@@ -67,6 +77,12 @@ class SearchSpace:
             return f"batch_size {config.batch_size} is not a candidate {self.batch_sizes}"
         if config.num_workers > self.max_workers:
             return f"num_workers {config.num_workers} > max_workers {self.max_workers}"
+        batches = self.batches_per_epoch(config.batch_size)
+        if batches is not None and config.num_workers > max(1, batches):
+            return (
+                f"num_workers {config.num_workers} > the {batches} batches of an epoch at "
+                f"batch_size {config.batch_size}: a worker past them gets none"
+            )
         if config.num_workers:
             if config.prefetch_factor not in self.prefetch_factors:
                 return f"prefetch_factor {config.prefetch_factor} is not a candidate"
