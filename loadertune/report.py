@@ -7,6 +7,7 @@ stdout is not a terminal it prints one plain line per trial instead.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -25,10 +26,19 @@ if TYPE_CHECKING:
     from loadertune.recommendation import Recommendation
 
 
+# Where the output is a file or a pipe (a log, CI) rich would lay tables out in 80 columns,
+# wrapping every setting's label over two lines; COLUMNS still decides where it is set.
+PIPED_WIDTH = 120
+
+
 def plain_console(*, stderr: bool = False) -> Console:
     """A console that prints text as it is: no markup parsed (failure texts, paths and library
-    messages hold square brackets), no highlighting. Styles come from ``Text`` objects."""
-    return Console(stderr=stderr, markup=False, highlight=False)
+    messages hold square brackets), no highlighting. Styles come from ``Text`` objects. Piped,
+    it is :data:`PIPED_WIDTH` wide."""
+    console = Console(stderr=stderr, markup=False, highlight=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = PIPED_WIDTH
+    return console
 
 
 def _rate(value: float | None) -> str:

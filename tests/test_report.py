@@ -357,3 +357,14 @@ def test_a_result_reads_back_whole_and_a_kept_one_says_so() -> None:
         assert TrialResult.from_dict(t.to_dict()) == t
     kept = TrialResult.from_dict({**OK.to_dict(), "kept": True})
     assert kept.kept and "ok (kept from an earlier run)" in _render(trials_table([kept]))
+
+
+def test_a_piped_console_is_wide_enough_for_a_settings_label(monkeypatch) -> None:
+    """Piped (a log, CI), rich would wrap a table's 'bs=32 w=7 pf=4 pin persist' at 80 columns;
+    COLUMNS still decides where it is set."""
+    from loadertune.report import PIPED_WIDTH, plain_console
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert plain_console().width == PIPED_WIDTH
+    monkeypatch.setenv("COLUMNS", "90")
+    assert plain_console().width == 90
