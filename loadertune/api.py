@@ -25,7 +25,11 @@ from loadertune.errors import (
     UserCodeError,
 )
 from loadertune.hardware import Hardware
-from loadertune.recommendation import Recommendation, build_recommendation
+from loadertune.recommendation import (
+    Recommendation,
+    build_recommendation,
+    interrupted_as_it_finished,
+)
 from loadertune.search import Observer, Search, SearchSettings
 from loadertune.trials import TrialRunner
 
@@ -134,7 +138,7 @@ def run_search(
             raise stopped
         return build_recommendation(outcome, hw, workload=workload, hide_batch_size=hide_batch_size)
     except KeyboardInterrupt as exc:
-        raise outcome.interrupted() from exc
+        raise interrupted_as_it_finished(outcome) from exc
 
 
 def _close(runner: TrialRunner) -> KeyboardInterrupt | None:

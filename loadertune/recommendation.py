@@ -11,6 +11,7 @@ from typing import Any
 
 from loadertune import analysis, store
 from loadertune.config import Config
+from loadertune.errors import SearchInterrupted
 from loadertune.hardware import Hardware
 from loadertune.search import SearchOutcome
 from loadertune.search.confirm import sub_windows_clearly_better
@@ -33,6 +34,19 @@ def _clearly_better(outcome: SearchOutcome, winner: Config, base: Config) -> boo
         ]
 
     return sub_windows_clearly_better(rates(winner), rates(base))
+
+
+def interrupted_as_it_finished(outcome: SearchOutcome) -> SearchInterrupted:
+    """Ctrl-C or SIGTERM once the search was over, as it was being written up: what an
+    interrupted search says, with the winner's figures as the best setting so far."""
+    figures = _figures(outcome.results_for(outcome.winner))
+    return SearchInterrupted.kept(
+        study_name=outcome.study_name,
+        storage=outcome.storage,
+        n_complete=sum(t.ok for t in outcome.trials),
+        best={"loader_kwargs": outcome.winner.loader_kwargs(), **figures} if figures else None,
+        when=" as it finished",
+    )
 
 
 def _figures(results: list[TrialResult]) -> dict[str, Any] | None:

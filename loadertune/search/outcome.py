@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from loadertune.config import Config
-from loadertune.errors import SearchInterrupted
 from loadertune.search.confirm import Confirmation
 from loadertune.search.probe import Estimates
 from loadertune.search.settings import SearchSettings
@@ -51,29 +49,6 @@ class SearchOutcome:
     def winner_estimates(self) -> Estimates | None:
         """The probe's estimates at the winner's batch size (its step's ceiling is its own)."""
         return self.estimates.at(self.winner.batch_size) if self.estimates else None
-
-    def interrupted(self) -> SearchInterrupted:
-        """Ctrl-C or SIGTERM once the search was over, as it was being written up: what an
-        interrupted search says, with the winner as the best setting so far."""
-        n = sum(t.ok for t in self.trials)
-        ok = [t for t in self.results_for(self.winner) if t.ok and not t.pruned]
-
-        def median(rates: list[float | None]) -> float | None:
-            known = [r for r in rates if r is not None]
-            return statistics.median(known) if known else None
-
-        best = {
-            "loader_kwargs": self.winner.loader_kwargs(),
-            "samples_per_s": median([t.samples_per_s for t in ok]),
-            "epoch_samples_per_s": median([t.epoch_samples_per_s for t in ok]),
-        }
-        return SearchInterrupted.kept(
-            study_name=self.study_name,
-            storage=self.storage,
-            n_complete=n,
-            best=best if ok else None,
-            when=" as it finished",
-        )
 
     def results_for(self, config: Config) -> list[TrialResult]:
         """The measurements that speak for ``config``: its confirmation rounds, else its trials."""

@@ -124,8 +124,8 @@ class InlineRunner(BaseRunner):
         self.in_process = True
         self.user_error = UserCodeError
         self.cuda_available = torch.cuda.is_available()
-        self.uses_cuda = self._step_uses_cuda(step)
         self._user_step = step
+        self.uses_cuda = self._step_uses_cuda()
         self._where = "loader"
         self.bytes_per_sample: float | None = None
         self._transfer: dict[str, float] | None = None
@@ -133,12 +133,12 @@ class InlineRunner(BaseRunner):
         self.epoch_samples = self._epoch_length()
         self._sharding_checked = False
 
-    def _step_uses_cuda(self, step: Callable[[Any], Any] | None) -> bool:
+    def _step_uses_cuda(self) -> bool:
         """pin_memory is worth searching when the batch goes to the GPU: ours without a step; the
         user's step once CUDA is in use in this process (a model on the GPU, or a step that ran
         there: asked again after each trial, so the probe's trials decide before the space is
         built)."""
-        return self.cuda_available and (step is None or torch.cuda.is_initialized())
+        return self.cuda_available and (self._user_step is None or torch.cuda.is_initialized())
 
     def _epoch_length(self) -> int | None:
         """Samples per epoch at batch size 1 (None: unknown); a loader without workers is free."""
@@ -290,7 +290,7 @@ class InlineRunner(BaseRunner):
                 torch.cuda.empty_cache()  # after an OOM, give the allocator a clean slate
             if self.gpu_index is None:
                 self.gpu_index = dl.nvml_index_for_current_device()
-        self.uses_cuda = self._step_uses_cuda(self._user_step)
+        self.uses_cuda = self._step_uses_cuda()
 
     def _check_sharding(self, config: Config) -> list[str]:
         """Once, for an IterableDataset: warn when its workers yield duplicate samples."""
