@@ -180,3 +180,24 @@ def test_loaders_created_together_at_one_line_are_told_apart() -> None:
     assert [r.index for r in entry.applied] == [2, 4]  # val, at each epoch
     assert (namespace["train"].num_workers, namespace["val"].num_workers) == (0, 2)
     assert any("#1 at together.py:7" in line and "not changed" in line for line in lines)
+
+
+def test_more_workers_than_cpus_is_told_once_not_warned_by_torch(recwarn) -> None:
+    """A saved setting with more workers than CPUs was measured fastest: torch's warning against
+    it would contradict the measurement. The run says it once; other loaders keep the warning."""
+    import os
+
+    cpus = len(os.sched_getaffinity(0))
+    many = {"batch_size": 4, "num_workers": cpus + 1}
+    entry = SavedEntry("script mytrain.py:9", many, call_site="mytrain.py:9")
+    lines: list[str] = []
+    namespace: dict = {"__name__": "__main__"}
+    with patched(ApplySaved([entry], report=lines.append)):
+        exec(compile(SCRIPT, "mytrain.py", "exec"), namespace)
+        for _ in range(2):
+            assert sum(1 for _ in namespace["train"]) == 8
+        assert not [w for w in recwarn if "worker processes in total" in str(w.message)]
+        other = DataLoader(list(range(8)), num_workers=cpus + 1)  # torch still warns for it
+        assert sum(1 for _ in other) == 8
+    assert [w for w in recwarn if "worker processes in total" in str(w.message)]
+    assert len([line for line in lines if f"{cpus + 1} workers on {cpus} CPUs" in line]) == 1

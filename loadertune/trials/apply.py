@@ -22,6 +22,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from loadertune.config import Config, kwargs_label
+from loadertune.hardware import usable_cpus
 from loadertune.trials import lifeline
 from loadertune.trials import loader as dl
 from loadertune.trials.identity import LoaderRecord, matches_site, ordinal, same_key
@@ -97,6 +98,7 @@ class ApplySaved:
         self.report = report
         self.created: list[LoaderRecord] = []
         self._said: set[tuple[str, str]] = set()  # (entry, why not changed): said once
+        self._told_cpus = False
 
     def on_create(self, record: LoaderRecord, arguments: dict[str, Any]) -> dict[str, Any]:
         self.created.append(record)
@@ -130,7 +132,20 @@ class ApplySaved:
     def on_iter(
         self, loader: DataLoader[Any], record: LoaderRecord, original: OriginalIter
     ) -> Iterator[Any]:
-        return original(loader)
+        if not any(record in entry.applied for entry in self.entries):
+            return original(loader)
+        # More workers than CPUs was measured fastest here: torch's warning against it (at the
+        # iterator's creation) would contradict the measurement, so it is told once, not warned.
+        cpus = usable_cpus()  # what torch's warning counts: the CPUs this process may run on
+        if loader.num_workers > cpus and not self._told_cpus:
+            self._told_cpus = True
+            self.report(
+                f"loadertune: {loader.num_workers} workers on {cpus} CPUs was "
+                "measured fastest on this machine; torch's warning against more workers than "
+                "CPUs is left out for this loader"
+            )
+        with dl.quiet_worker_warning():
+            return original(loader)
 
     def unapplied(self) -> list[str]:
         """One line per entry that matched no loader, naming the loaders the script created."""

@@ -32,6 +32,7 @@ from loadertune.trials.identity import (
     describe_creation,
     matches_site,
 )
+from loadertune.trials.loader import quiet_worker_warning
 
 __all__ = [
     "Controller",
@@ -105,7 +106,10 @@ def patched(controller: Controller) -> Iterator[None]:
                 self, sys._getframe(1), index=next(numbers), dataset=arguments.get("dataset")
             )
         )
-        orig_init(self, **controller.on_create(record, arguments))
+        # torch checks the worker count when a loader is built and again when it is iterated:
+        # the controller decides at iteration whether its warning is said (``on_iter``).
+        with quiet_worker_warning():
+            orig_init(self, **controller.on_create(record, arguments))
         object.__setattr__(self, RECORD_ATTRIBUTE, record)
 
     @functools.wraps(orig_iter)
