@@ -318,6 +318,9 @@ def summary_lines(rec: Recommendation | Mapping[str, Any]) -> list[str]:
     if elapsed is not None:
         head += f" in {elapsed:.0f} s"
     head += f", stopped: {_stop_words(entry)}"
+    earlier = s.get("n_previous_trials")
+    if isinstance(earlier, int) and earlier > 0:  # their figures count; they are not run again
+        head += f"; resumed a study of {earlier} trials from earlier runs"
     if s.get("study_name"):
         head += f"; study {s['study_name']!r} in {s.get('storage') or 'an unknown storage'}"
     lines.append(head)

@@ -1087,7 +1087,8 @@ def report(
     )
     p(
         f"simulated s           median {statistics.median(sims):.1f}  max {max(sims):.1f}   "
-        f"over budget: {sum(o > 0 for o in over)} searches, at most {max(0.0, max(over)):.1f} s"
+        f"over budget: {sum(o > 0 for o in over)} searches, at most {max(0.0, max(over)):.1f} s, "
+        f"by over 10%: {sum(o > 0.1 * budget_s for o in over)}"
     )
     real = [s.real_s for s in scores]
     p(f"real s per search     median {statistics.median(real):.3f}  max {max(real):.3f}")

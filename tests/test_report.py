@@ -201,6 +201,20 @@ def test_summary_lines() -> None:
     )
     assert any(line.startswith("best at your batch size: bs=64 w=4 pf=2") for line in lines)
     assert any("2 trials in 42 s, stopped: the budget was spent" in line for line in lines)
+    assert not any("resumed" in line for line in lines)
+
+
+def test_summary_lines_say_a_resumed_study_held_earlier_trials() -> None:
+    """A resumed search's table shows this run's trials (and its kept baseline and probe); the
+    earlier runs' trials count, and the summary says how many the study held."""
+    rec = _recommendation()
+    rec.search["n_previous_trials"] = 12
+    lines = summary_lines(rec)
+    assert any(
+        "2 trials in 42 s, stopped: the budget was spent; resumed a study of 12 trials from "
+        "earlier runs; study 's'" in line
+        for line in lines
+    )
 
 
 def test_summary_lines_within_noise_and_same_batch_size() -> None:
