@@ -258,8 +258,9 @@ def test_a_live_search_prunes_against_the_best_and_writes_its_study_once_at_the_
     tmp_path, hw
 ) -> None:
     """On a live run a trial costs the training what it loses against the best so far: the
-    bar is the best itself, not the median of the three best, and the study is kept in memory
-    until the search ends (then written whole)."""
+    bar is the best itself, not the median of the three best, no confirmation runs when nothing
+    beat the run's own setting, and the study is kept in memory until the search ends (then
+    written whole)."""
     from loadertune.search.study import stored_trials
 
     def flat_then_slower(config: Config) -> float:  # only the baseline is fast
@@ -293,6 +294,8 @@ def test_a_live_search_prunes_against_the_best_and_writes_its_study_once_at_the_
     # 800 < 0.85 x 1000: pruned, although it is the median of the three best
     assert runner.pruned >= 2
     assert outcome.stop_reason == "no_improvement" and outcome.winner == Config(32)
+    # nothing beat the run's own setting: no rounds of slower settings, the training goes on
+    assert outcome.confirmation is None and "confirm" not in {p for p, _ in runner.log}
     assert set(seen_during) == {0}
     explored = [c for phase, c in runner.log if phase == "search"]
     stored = stored_trials(storage, "live")
