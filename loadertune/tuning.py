@@ -298,7 +298,19 @@ class _TuneScript:
     def _names(self, record: LoaderRecord) -> bool:
         if self.index is not None:
             return record.index == self.index
-        return self.entry is None or self.entry.differs(record) is None
+        if self.entry is None or self.entry.differs(record) is None:
+            return True
+        if any(self.entry.differs(r) is None for r in self.apply.created):
+            return False  # the entry's loader exists: it is the one to tune, when iterated
+        # The entry matches no loader the script created (the script changed since it was
+        # measured): tune the first iterated, as without an entry, and say so.
+        self.apply.report(
+            f"loadertune: no DataLoader of this run is the one {self.entry.name} was measured "
+            f"on {self.entry.where()}; tuning DataLoader {record.describe()}, the first the "
+            "script iterates (`--loader N` picks another)"
+        )
+        self.entry = None
+        return True
 
 
 def run_script_tuned(
@@ -346,7 +358,11 @@ def run_script_tuned(
     )
     try:
         with patched(_TuneScript(tuner, apply, loader, entry)):
-            run_as_main(str(script), list(args))
+            try:
+                run_as_main(str(script), list(args))
+            finally:
+                for line in apply.unapplied():
+                    report(line)
     except SystemExit as exc:
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else 1)

@@ -224,3 +224,27 @@ def test_run_tune_keeps_the_batch_size_once_the_script_asked_the_loader_length(
     assert len(epochs) == 40
     assert all(sorted(e["samples"]) == list(range(480)) for e in epochs)  # every sample, once
     assert [e["batches"] for e in epochs] == [30] * 40
+
+
+def test_run_tune_tunes_a_moved_loader_when_the_saved_entry_matches_none(tmp_path: Path) -> None:
+    """The script changed after its entry was measured (a line added above its loader): the
+    entry matches no loader, and the run tunes the loader it iterates and says so, rather than
+    tuning nothing in silence; the stale entry is named at the end."""
+    import shutil
+
+    for name in ("counts.py", "_data.py"):
+        shutil.copy(SCRIPTS / name, tmp_path / name)
+    counts, rec = tmp_path / "counts.jsonl", tmp_path / "rec.json"
+    script = [str(tmp_path / "counts.py"), "--", str(counts), "30"]
+    first = _loadertune("run", "--tune", "--budget", "3", "--file", str(rec), *script)
+    assert first.returncode == 0, first.stderr[-3000:]
+    (old,) = store.entries_for(rec, hardware.current_key())
+    source = (tmp_path / "counts.py").read_text()
+    (tmp_path / "counts.py").write_text("# a line added since\n" + source)
+    proc = _loadertune("run", "--tune", "--budget", "3", "--file", str(rec), *script)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"no DataLoader of this run is the one {old} was measured on" in proc.stderr
+    assert "tuned in" in proc.stderr or "ended before the tuning" in proc.stderr, proc.stderr
+    assert f"for {old}; not applied" in proc.stderr, proc.stderr
+    entries = store.entries_for(rec, hardware.current_key())
+    assert len(entries) == 2 and old in entries
