@@ -685,3 +685,30 @@ def test_an_interrupt_past_the_search_exits_130_and_says_what_is_kept(tmp_path, 
     assert result.exit_code == 130, result.output
     assert "trials are kept in its study" in result.output
     assert "Aborted" not in result.output
+
+
+def test_ctrl_c_ends_run_as_it_ends_python_with_the_scripts_traceback(tmp_path: Path) -> None:
+    """`loadertune run` interrupted: the script's KeyboardInterrupt, its own frames shown, and
+    exit 130 as `python SCRIPT` gives (click's "Aborted!" and 1 before)."""
+    script = tmp_path / "forever.py"
+    script.write_text(
+        "import sys\n"
+        "from torch.utils.data import DataLoader\n"
+        "loader = DataLoader(list(range(64)), batch_size=8)\n"
+        "print('looping', flush=True)\n"
+        "while True:\n"
+        "    for batch in loader:\n"
+        "        pass\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loadertune", "run", str(script), "--file", str(tmp_path / "r")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "looping"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert "Aborted!" not in err
+    assert f'File "{script}", line 6, in <module>' in err and "KeyboardInterrupt" in err

@@ -5,10 +5,11 @@
 from __future__ import annotations
 
 import sys
+import traceback
 
 import click
 
-from loadertune import saved
+from loadertune import saved, tracebacks
 from loadertune.cli._common import (
     batch_sizes_option,
     budget_option,
@@ -84,4 +85,9 @@ def run(
             )
     except LoadertuneError as exc:
         fail(exc)
+    except KeyboardInterrupt:
+        # Ctrl-C ends the script as it ends `python SCRIPT`: its traceback, then 130 (click
+        # would print "Aborted!" and exit 1).
+        print(tracebacks.trim(traceback.format_exc().rstrip()).text, file=sys.stderr)
+        sys.exit(130)
     sys.exit(code)
