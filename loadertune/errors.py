@@ -101,12 +101,19 @@ class SearchInterrupted(LoadertuneError, KeyboardInterrupt):
         n_complete: int,
         best: dict[str, Any] | None,
         when: str = "",
+        fresh: bool = False,
     ) -> SearchInterrupted:
         """The interrupt, saying what the study keeps and how to resume; ``when``: a phrase
-        after "interrupted" (" as it finished")."""
+        after "interrupted" (" as it finished"); ``fresh``: the search was told to start its
+        study afresh (``--fresh``), which the same command would do again."""
+        how = (
+            "run it again with --resume instead of --fresh (resume=True) to resume"
+            if fresh
+            else "run the same command again to resume"
+        )
         return cls(
             f"search interrupted{when}; {n_complete} completed trials are kept in study "
-            f"{study_name!r} ({storage}); run the same command again to resume",
+            f"{study_name!r} ({storage}); {how}",
             study_name=study_name,
             storage=storage,
             n_complete=n_complete,

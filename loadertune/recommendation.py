@@ -46,6 +46,7 @@ def interrupted_as_it_finished(outcome: SearchOutcome) -> SearchInterrupted:
         n_complete=sum(t.ok for t in outcome.trials),
         best={"loader_kwargs": outcome.winner.loader_kwargs(), **figures} if figures else None,
         when=" as it finished",
+        fresh=not outcome.settings.resume,
     )
 
 

@@ -405,7 +405,7 @@ def test_ctrl_c_during_the_probe_keeps_its_finished_trials(tmp_path: Path) -> No
     (baseline_line,) = baseline_lines
     assert "samples/s" in baseline_line, err[-2000:]
     assert "replay " not in err  # interrupted before the probe was done
-    assert "run the same command again" in err
+    assert "run it again with --resume instead of --fresh" in err  # (the same command: afresh)
 
     data = summary(loadertune(*args, "--budget", "40", "--trials", "2"))
     (base,) = [t for t in data["trials"] if t["phase"] == "baseline"]
@@ -448,7 +448,8 @@ def test_sigint_stops_a_search_started_with_sigint_ignored(tmp_path: Path) -> No
     proc.send_signal(signal.SIGINT)
     err = _communicate_or_dump(proc, timeout=30)
     assert proc.returncode == 130, err[-2000:]
-    assert "run the same command again" in err
+    # --fresh would start the study afresh again: the way back is --resume
+    assert "run it again with --resume instead of --fresh" in err
 
 
 @pytest.mark.slow

@@ -133,6 +133,7 @@ class StudyLog:
     ) -> None:
         self.storage, self.name = storage, name
         self._buffer = optuna.storages.InMemoryStorage() if buffered else None
+        self.fresh = not resume  # an interrupt's advice: the same call would start afresh
         # TPE over the conditional space; multivariate+group model the parameters together.
         sampler = optuna.samplers.TPESampler(
             multivariate=True, group=True, seed=seed, n_startup_trials=5, constant_liar=False
@@ -310,7 +311,7 @@ class StudyLog:
         self.abandon("interrupted")
         n = self.n_complete() + self._n_unrecorded(ok=True)
         return SearchInterrupted.kept(
-            study_name=self.name, storage=self.storage, n_complete=n, best=best
+            study_name=self.name, storage=self.storage, n_complete=n, best=best, fresh=self.fresh
         )
 
     @_whole
