@@ -248,3 +248,34 @@ def test_run_tune_tunes_a_moved_loader_when_the_saved_entry_matches_none(tmp_pat
     assert f"for {old}; not applied" in proc.stderr, proc.stderr
     entries = store.entries_for(rec, hardware.current_key())
     assert len(entries) == 2 and old in entries
+
+
+def test_torchs_warning_about_the_scripts_own_loader_comes_once_not_every_epoch(
+    tmp_path: Path,
+) -> None:
+    """The script's own validation loader has more workers than CPUs: torch warns about it once
+    per place, as under `python SCRIPT`, not again at every epoch of a tuned run (each warnings
+    filter loadertune set and took back made Python forget it had warned: 40 lines a run)."""
+    script = tmp_path / "val_many.py"
+    script.write_text(
+        "import os\n"
+        "import torch\n"
+        "from torch.utils.data import DataLoader, TensorDataset\n"
+        "data = TensorDataset(torch.arange(256.0))\n"
+        "train = DataLoader(data, batch_size=16, shuffle=True)\n"
+        "for epoch in range(12):\n"
+        "    for batch in train:\n"
+        "        pass\n"
+        "    val = DataLoader(data, batch_size=64, num_workers=len(os.sched_getaffinity(0)) + 1)\n"
+        "    for batch in val:\n"
+        "        pass\n"
+    )
+    plain = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300
+    )
+    proc = _loadertune(
+        "run", "--tune", "--budget", "3", "--file", str(tmp_path / "r.json"), str(script)
+    )
+    assert plain.returncode == 0 and proc.returncode == 0, proc.stderr[-3000:]
+    warned = proc.stderr.count("worker processes in total")
+    assert 1 <= warned <= plain.stderr.count("worker processes in total"), proc.stderr[-3000:]

@@ -8,10 +8,11 @@ reports (which device, its peak memory).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
+import functools
 import itertools
 import time
-import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -22,15 +23,38 @@ from loadertune.config import Config
 from loadertune.measure import nvml
 from loadertune.measure.counting import FixedCount, structure_count, structure_counter
 
-WORKER_COUNT_WARNING = r"This DataLoader will create \d+ worker processes"
+# Set while loadertune builds or iterates a loader whose worker count it chose (this thread's).
+_QUIET = contextvars.ContextVar("loadertune_quiet_worker_warning", default=False)
+
+
+def _install_quiet_check() -> None:
+    """Let :data:`_QUIET` skip DataLoader's worker-count check (the check, not a warnings
+    filter: ``warnings.catch_warnings`` is not thread-safe, and each use resets the "once per
+    place" memory of every warning, so torch's warning about the script's own loaders came at
+    every epoch of a tuned run instead of once)."""
+    check = DataLoader.check_worker_number_rationality
+    if getattr(check, "_loadertune_quiet", False):
+        return
+
+    @functools.wraps(check)
+    def quiet_check(self: DataLoader[Any]) -> None:
+        if not _QUIET.get():
+            check(self)
+
+    quiet_check._loadertune_quiet = True  # type: ignore[attr-defined]
+    DataLoader.check_worker_number_rationality = quiet_check  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager
 def quiet_worker_warning() -> Iterator[None]:
-    """Silence DataLoader's "more workers than CPUs" warning: trying that is the point."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=WORKER_COUNT_WARNING)
+    """No "more workers than CPUs" warning from DataLoader in this block (this thread): trying
+    that is the point."""
+    _install_quiet_check()
+    token = _QUIET.set(True)
+    try:
         yield
+    finally:
+        _QUIET.reset(token)
 
 
 def apply_settings(arguments: Mapping[str, Any], config: Config) -> dict[str, Any]:
