@@ -34,21 +34,21 @@ class Config:
             or not isinstance(self.batch_size, int)
             or self.batch_size < 1
         ):
-            raise ConfigError(f"batch_size must be a positive int, but got {self.batch_size=}.")
+            raise ConfigError(f"batch_size must be a positive int, but got {self.batch_size!r}.")
         if not isinstance(self.num_workers, int) or self.num_workers < 0:
-            raise ConfigError(f"num_workers must be an int >= 0, but got {self.num_workers=}.")
+            raise ConfigError(f"num_workers must be an int >= 0, but got {self.num_workers!r}.")
         if self.num_workers == 0:
             if self.prefetch_factor is not None:
                 raise ConfigError(
                     "prefetch_factor needs num_workers > 0, but got "
-                    f"{self.prefetch_factor=} with num_workers=0."
+                    f"{self.prefetch_factor!r} with num_workers=0."
                 )
             if self.persistent_workers:
                 raise ConfigError("persistent_workers=True needs num_workers > 0.")
         elif self.prefetch_factor is None:
             object.__setattr__(self, "prefetch_factor", TORCH_DEFAULT_PREFETCH)
         elif self.prefetch_factor < 1:
-            raise ConfigError(f"prefetch_factor must be >= 1, but got {self.prefetch_factor=}.")
+            raise ConfigError(f"prefetch_factor must be >= 1, but got {self.prefetch_factor!r}.")
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any], *, batch_size: int | None = None) -> Config:
@@ -98,7 +98,7 @@ def normalize_batch_sizes(batch_size: int | Iterable[int] | None) -> tuple[int, 
     if batch_size is None:
         return DEFAULT_BATCH_SIZES
     if isinstance(batch_size, bool):
-        raise ConfigError(f"batch_size must be an int or a list of ints, but got {batch_size=}.")
+        raise ConfigError(f"batch_size must be an int or a list of ints, but got {batch_size!r}.")
     if isinstance(batch_size, int):
         values: tuple[int, ...] = (batch_size,)
     else:
@@ -119,7 +119,7 @@ def check_max_workers(max_workers: int | None, logical_cpus: int) -> None:
         return
     sensible = max(64, 8 * logical_cpus)
     if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 0:
-        raise ConfigError(f"max_workers must be an int >= 0, but got {max_workers=}.")
+        raise ConfigError(f"max_workers must be an int >= 0, but got {max_workers!r}.")
     if max_workers > sensible:
         raise ConfigError(
             f"max_workers={max_workers} is more than anything sensible on this machine "

@@ -241,7 +241,7 @@ def tuned(
         ...             train_step(batch)
     """
     if not budget_s > 0:
-        raise ConfigError(f"budget_s must be > 0 seconds, but got {budget_s=}.")
+        raise ConfigError(f"budget_s must be > 0 seconds, but got {budget_s!r}.")
     kind = type(loader.dataset)
     sizes = () if batch_size is None else normalize_batch_sizes(batch_size)
     study = f"tuned-{kind.__name__}-{hashlib.sha1(repr(sizes).encode()).hexdigest()[:8]}"
@@ -338,7 +338,7 @@ def run_script_tuned(
 
     check_script(script)
     if not budget_s > 0:
-        raise ConfigError(f"budget_s must be > 0 seconds, but got {budget_s=}.")
+        raise ConfigError(f"budget_s must be > 0 seconds, but got {budget_s!r}.")
     try:
         apply = saved.apply_saved(script, path, report)
     except LoadertuneError as exc:

@@ -718,8 +718,9 @@ def test_bad_storage_url_is_a_clear_error(tmp_path, hw) -> None:
 
 @pytest.mark.parametrize("budget", [0, -5, float("nan"), float("inf")])
 def test_budget_must_be_positive_and_finite(budget: float) -> None:
-    with pytest.raises(ConfigError, match="budget_s must be a positive number"):
+    with pytest.raises(ConfigError, match="budget_s must be a positive number") as info:
         SearchSettings(budget_s=budget)
+    assert str(info.value).endswith(f"but got {budget!r}.")  # the value, not the code
 
 
 def test_every_trial_failing_is_an_error(tmp_path, hw) -> None:

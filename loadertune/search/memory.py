@@ -45,7 +45,7 @@ class MemoryModel:
         (nothing bounds it).
         """
         if not 0 <= margin < 1:
-            raise ValueError(f"margin must be in [0, 1), but got {margin=}.")
+            raise ValueError(f"margin must be in [0, 1), but got {margin!r}.")
         room = (1 - margin) * capacity_bytes - self.fixed_bytes
         if room <= 0 or self.per_sample_bytes <= 0:
             return None

@@ -80,24 +80,24 @@ class SearchSettings:
             and self.budget_s > 0
         ):
             raise ConfigError(
-                f"budget_s must be a positive number of seconds, but got {self.budget_s=}."
+                f"budget_s must be a positive number of seconds, but got {self.budget_s!r}."
             )
         if self.n_trials is not None and (not isinstance(self.n_trials, int) or self.n_trials < 1):
-            raise ConfigError(f"n_trials must be a positive int or None, but got {self.n_trials=}.")
+            raise ConfigError(f"n_trials must be a positive int or None, but got {self.n_trials!r}.")
         if self.window_s is not None and not self.window_s > 0:
-            raise ConfigError(f"window_s must be > 0 seconds, but got {self.window_s=}.")
+            raise ConfigError(f"window_s must be > 0 seconds, but got {self.window_s!r}.")
         if not self.startup_timeout_s > 0:
             raise ConfigError(
-                f"startup_timeout_s must be > 0 seconds, but got {self.startup_timeout_s=}."
+                f"startup_timeout_s must be > 0 seconds, but got {self.startup_timeout_s!r}."
             )
         if not 0 < self.memory_budget_fraction <= 1:
             raise ConfigError(
-                f"memory_budget_fraction must be in (0, 1], but got {self.memory_budget_fraction=}."
+                f"memory_budget_fraction must be in (0, 1], but got {self.memory_budget_fraction!r}."
             )
         if not 0 <= self.memory_margin < 1:
-            raise ConfigError(f"memory_margin must be in [0, 1), but got {self.memory_margin=}.")
+            raise ConfigError(f"memory_margin must be in [0, 1), but got {self.memory_margin!r}.")
         if not isinstance(self.ranks, int) or self.ranks < 1:
-            raise ConfigError(f"ranks must be an int >= 1, but got {self.ranks=}.")
+            raise ConfigError(f"ranks must be an int >= 1, but got {self.ranks!r}.")
         if self.confirm_rounds < 1 or self.finalists < 1 or self.patience < 1:
             raise ConfigError("confirm_rounds, finalists and patience must be >= 1.")
 

@@ -117,7 +117,7 @@ class RankedScriptRunner(ScriptRunner):
     def __init__(self, *args: Any, nproc_per_node: int, **kwargs: Any) -> None:
         if not isinstance(nproc_per_node, int) or not 1 <= nproc_per_node <= MAX_RANKS:
             raise ConfigError(
-                f"nproc_per_node must be an int from 1 to {MAX_RANKS}, but got {nproc_per_node=}."
+                f"nproc_per_node must be an int from 1 to {MAX_RANKS}, but got {nproc_per_node!r}."
             )
         super().__init__(*args, **kwargs)
         self.nproc_per_node = nproc_per_node

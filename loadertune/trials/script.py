@@ -115,7 +115,7 @@ class ScriptRunner(BaseRunner):
         if isinstance(loader, int):
             if loader < 1:
                 raise ConfigError(
-                    f"loader must be >= 1 (1 = the first DataLoader created), but got {loader=}."
+                    f"loader must be >= 1 (1 = the first DataLoader created), but got {loader!r}."
                 )
             self.selector = {"index": loader}
         elif isinstance(loader, str):
