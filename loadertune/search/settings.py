@@ -83,7 +83,9 @@ class SearchSettings:
                 f"budget_s must be a positive number of seconds, but got {self.budget_s!r}."
             )
         if self.n_trials is not None and (not isinstance(self.n_trials, int) or self.n_trials < 1):
-            raise ConfigError(f"n_trials must be a positive int or None, but got {self.n_trials!r}.")
+            raise ConfigError(
+                f"n_trials must be a positive int or None, but got {self.n_trials!r}."
+            )
         if self.window_s is not None and not self.window_s > 0:
             raise ConfigError(f"window_s must be > 0 seconds, but got {self.window_s!r}.")
         if not self.startup_timeout_s > 0:
@@ -92,7 +94,8 @@ class SearchSettings:
             )
         if not 0 < self.memory_budget_fraction <= 1:
             raise ConfigError(
-                f"memory_budget_fraction must be in (0, 1], but got {self.memory_budget_fraction!r}."
+                "memory_budget_fraction must be in (0, 1], but got "
+                f"{self.memory_budget_fraction!r}."
             )
         if not 0 <= self.memory_margin < 1:
             raise ConfigError(f"memory_margin must be in [0, 1), but got {self.memory_margin!r}.")
