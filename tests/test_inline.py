@@ -107,6 +107,7 @@ def test_a_hung_worker_times_out() -> None:
     result = run(runner, Config(8, 2, 2), limits=Limits(hang_s=2, startup_s=10, timeout_s=30))
     assert result.error == "timeout"
     assert time.monotonic() - t0 < 20
+    assert result.failure is not None and "worker_init_fn" in result.failure.advice
 
 
 def test_a_hung_step_is_interrupted() -> None:
@@ -122,6 +123,9 @@ def test_a_hung_step_is_interrupted() -> None:
     result = run(runner, Config(8), limits=Limits(hang_s=1.0, startup_s=10, timeout_s=30))
     assert result.error == "timeout"
     assert time.monotonic() - t0 < 15
+    # no workers: no advice about workers' start method or threads
+    assert result.failure is not None and "without workers" in result.failure.message
+    assert "worker_init_fn" not in result.failure.advice
 
 
 def test_a_hung_step_is_interrupted_where_sigint_is_ignored() -> None:

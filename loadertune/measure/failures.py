@@ -369,8 +369,17 @@ def classify_exit(returncode: int, *, output: str = "", server_code: int | None 
     )
 
 
-def hang(seconds: float) -> Failure:
-    """The watchdog saw no progress for ``seconds``."""
+def hang(seconds: float, workers: int | None = None) -> Failure:
+    """The watchdog saw no progress for ``seconds`` (in a trial of ``workers`` workers: 0 loads
+    in the main process, where no worker's start method or threads can be the cause)."""
+    if workers == 0:
+        return Failure(
+            FailureKind.TIMEOUT,
+            f"no progress for {seconds:.0f} s without workers: the dataset or the step hung, "
+            "or one batch took that long",
+            "check the dataset and the step for locks or network waits; other work on the "
+            "machine slows every trial",
+        )
     return Failure(
         FailureKind.TIMEOUT,
         f"no progress for {seconds:.0f} s: a worker or the step hung",

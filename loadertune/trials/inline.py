@@ -187,6 +187,7 @@ class InlineRunner(BaseRunner):
             gpu_index=self.gpu_index,
             find_gpu=dl.nvml_index_for_current_device,  # the first trial may be what starts CUDA
         )
+        sup.workers = 0 if replay else config.num_workers
         dog = _Watchdog(sup, before)
         step = self._step(config)
         held = _Held()

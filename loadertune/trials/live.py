@@ -113,6 +113,7 @@ class LiveConductor:
             find_gpu=dl.nvml_index_for_current_device,  # the training's own process
             rests_fail=False,
         )
+        sup.workers = config.num_workers
         sup.__enter__()
         asked = slot.request.window
         window = window_for(config, window_s=asked.window_s, whole_epoch=asked.whole_epoch)

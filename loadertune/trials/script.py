@@ -164,6 +164,7 @@ class ScriptRunner(BaseRunner):
         launch.n_trials += 1
         result = TrialResult(config or Config(1), phase=request.phase)
         sup = Supervisor(launch.proc.pid, limits=request.limits, should_stop=request.should_stop)
+        sup.workers = None if config is None else config.num_workers
         trial = Trial(launch, sup, result, own=config is None)
         if launch.loader is not None:
             self._on_loader(launch.loader, trial)  # said once per launch

@@ -57,6 +57,7 @@ class Supervisor:
         self.last_sign = self.t_start
         self.resting_since: float | None = None  # the loader's epoch ended; no new one yet
         self.loader_name = "the tuned DataLoader"  # for messages; the runner names it
+        self.workers: int | None = None  # the trial's workers, for messages; None: unknown
         self.started = False  # the first batch arrived
         self.pruned = False
 
@@ -147,5 +148,5 @@ class Supervisor:
                 return failures.rested(rest_s, self.loader_name)
             return None  # a real run's trial waits for it; a trial's, up to rest_s
         if self.started and now - self.last_sign > lim.hang_s:
-            return failures.hang(lim.hang_s)
+            return failures.hang(lim.hang_s, self.workers)
         return None
