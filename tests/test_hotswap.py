@@ -211,3 +211,21 @@ def test_what_cannot_be_swapped_says_why() -> None:
     assert why_not(DataLoader(Indices(), batch_size=4)) is None
     with pytest.raises(ValueError, match="IterableDataset"):
         HotSwap(DataLoader(Stream(), batch_size=2), Listed([]), fall_back=False)
+
+
+def test_the_scripts_loader_says_which_setting_its_batches_come_from() -> None:
+    """``loader.num_workers`` and the rest, read in the loop, are the setting in use: a script
+    that logs them or decides by them read its own settings all along before."""
+    loader = DataLoader(Indices(), batch_size=16, shuffle=True)
+    conductor = Listed([Config(32, 2, 4, persistent_workers=True), Config(8)])
+    swap = HotSwap(loader, conductor, fall_back=True)
+    shown = set()
+    try:
+        for _ in range(6):
+            for batch in swap.epoch():
+                ran = (len(batch), loader.num_workers, loader.prefetch_factor)
+                shown.add((*ran, loader.batch_size, loader.persistent_workers))
+    finally:
+        swap.close()
+    assert (32, 2, 4, 32, True) in shown
+    assert (8, 0, None, 8, False) in shown  # the last setting, kept to the end

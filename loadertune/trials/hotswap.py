@@ -296,12 +296,25 @@ class HotSwap:
             self.conductor.finished(Outcome(step, no_batches=why, epoch_samples=0))
             return None
         segment = Segment(self.loader, step.config, regroup=self.regroup, timeout_s=step.hang_s)
+        self._show(step.config)
         segment.order = order
         replayed = segment.first_batch_unreceived() if step.phase == "replay" else None
         started = order.position > 0 or order.given > 0  # the script is in the epoch's middle
         run = self.current = _Run(step, segment, replayed, mid_epoch=started)
         run.enter(order)
         return run
+
+    def _show(self, config: Config) -> None:
+        """The script's loader says what runs now (``loader.num_workers`` and the rest): a script
+        that logs them, or decides by them, reads the setting its batches come from. Set past
+        DataLoader's guard against changing them after ``__init__``: the loader itself is not
+        iterated while it is swapped (its segments are built from what it held at the start,
+        each with its own setting applied)."""
+        shown = {**config.loader_kwargs(), "prefetch_factor": config.prefetch_factor}
+        if not self.regroup:
+            del shown["batch_size"]  # the script's batch sampler decides, as before
+        for name, value in shown.items():
+            object.__setattr__(self.loader, name, value)
 
     def _end(self, run: _Run) -> None:
         """The window is full: measure a persistent setting's re-entry, report, go on."""
