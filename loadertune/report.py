@@ -255,6 +255,15 @@ def _stop_words(entry: Mapping[str, Any]) -> str:
     return words
 
 
+def _baseline_kwargs(entry: Mapping[str, Any]) -> object:
+    baseline = entry.get("baseline")
+    return baseline.get("loader_kwargs") if isinstance(baseline, dict) else None
+
+
+def _batch_size(kwargs: object) -> object:
+    return kwargs.get("batch_size") if isinstance(kwargs, dict) else None
+
+
 def summary_lines(rec: Recommendation | Mapping[str, Any]) -> list[str]:
     """The verdict in plain lines, from a Recommendation or a file entry. Total: any optional
     part may be missing (a resumed search whose winner was measured only in an earlier run, a
@@ -276,6 +285,13 @@ def summary_lines(rec: Recommendation | Mapping[str, Any]) -> list[str]:
             verdict = (
                 "within the noise of your settings: ahead over the whole search, behind side "
                 "by side; keep your settings"
+            )
+        elif entry.get("loader_kwargs") == _baseline_kwargs(entry):
+            verdict = "within the noise: your settings are the best found; keep them"
+        elif _batch_size(entry.get("loader_kwargs")) != _batch_size(_baseline_kwargs(entry)):
+            # not for free: a batch size of its own asks the learning rate to change with it
+            verdict = (
+                "within the noise of your settings: keep them (the winner's batch size differs)"
             )
         else:
             verdict = "within the noise of your settings: keep them, or take the winner for free"

@@ -382,3 +382,17 @@ def test_a_piped_console_is_wide_enough_for_a_settings_label(monkeypatch) -> Non
     assert plain_console().width == PIPED_WIDTH
     monkeypatch.setenv("COLUMNS", "90")
     assert plain_console().width == 90
+
+
+def test_within_the_noise_says_what_keeping_the_settings_means() -> None:
+    """Within the noise, the winner is "for free" only at the user's batch size (another asks the
+    learning rate to change with it), and a winner that is the user's own setting is said so."""
+    other_bs = summary_lines(_recommendation(within_noise=True, speedup=1.03))
+    assert "keep them (the winner's batch size differs)" in other_bs[0]
+    assert "for free" not in other_bs[0]
+    same_bs = _recommendation(within_noise=True, speedup=1.03)
+    same_bs.loader_kwargs = Config(64, 4).loader_kwargs()
+    assert "or take the winner for free" in summary_lines(same_bs)[0]
+    own = _recommendation(within_noise=True, speedup=1.0)
+    own.loader_kwargs = own.baseline_kwargs
+    assert "your settings are the best found; keep them" in summary_lines(own)[0]
