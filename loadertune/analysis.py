@@ -22,7 +22,11 @@ from loadertune.units import GIB, MIB
 if TYPE_CHECKING:
     from loadertune.search import SearchOutcome
 
-COPY_ON_READ_BYTES_PER_S = 4 * MIB  # a worker's private memory rising faster than this
+# A worker's private memory rising faster than this (median over the winner's trials) is copy-on-
+# read. A worker's first batches grow it too: `python scripts/bench_copy_on_read.py` read 5-10
+# MiB/s (trials up to 26) for a TensorDataset and a dataset that holds one int, 264-418 for 2
+# million dicts. At 4 MiB/s, the first two had been told to keep their samples in numpy arrays.
+COPY_ON_READ_BYTES_PER_S = 64 * MIB
 
 
 def _median(values: list[float | None]) -> float | None:

@@ -271,6 +271,22 @@ def test_copy_on_read_is_flagged_with_its_cause() -> None:
     assert any("copy-on-read" in a and "numpy" in a for a in rec.diagnosis["advice"])
 
 
+@pytest.mark.slow
+def test_a_tensor_dataset_is_not_told_it_copies_on_read() -> None:
+    """A worker's first batches grow its memory by several MiB/s (8-9 in a new user's searches
+    of a TensorDataset): no copy-on-read advice to keep samples in tensors that already are."""
+    rec = tune_loader(
+        TensorDataset(n=50_000),
+        batch_size=256,
+        shuffle=True,
+        max_workers=2,
+        baseline={"num_workers": 2},
+        **_TUNE,
+    )
+    assert rec.diagnosis["memory"]["host"]["copy_on_read"] is False
+    assert not any("copy-on-read" in a for a in rec.diagnosis["advice"])
+
+
 def test_balanced_when_the_loop_waits_a_little() -> None:
     results = [_ok(1000.0, blocked=0.12)]
     assert describe_trial(results)["bottleneck"] == "balanced"
