@@ -104,6 +104,15 @@ def test_slow_single_worker_sets_worker_cost() -> None:
     assert est.worker_s_per_sample == pytest.approx(est.load_s_per_sample)
 
 
+def test_a_replay_slower_than_the_whole_loop_was_disturbed() -> None:
+    """The step alone cannot run slower than the loop that also loads: a replay below the
+    probe's loops (another process took the CPUs while it ran) counts as the loops' rate."""
+    est = _sleep_bound(440.0)  # the loops made 1,900 and 1,800 samples/s
+    assert est.consumer_ceiling == pytest.approx(1900.0)
+    assert est.step_s_per_sample == pytest.approx(1 / 1900)
+    assert _sleep_bound(2000.0).consumer_ceiling == pytest.approx(2000.0)  # consistent: kept
+
+
 def test_ceilings_of_sleep_bound_loader() -> None:
     est = _sleep_bound()
     assert est.consumer_ceiling == pytest.approx(40000.0)
@@ -148,8 +157,18 @@ def test_limiting_stage_follows_the_slowest() -> None:
 
 
 def test_workers_needed_at_least_one() -> None:
-    assert _sleep_bound(100.0).workers_needed() == 1  # a slow step needs one worker at most
-    assert _cpu_bound(10.0).workers_needed() == 1
+    # a slow step needs one worker at most (its loops no faster than the step: 0.5 ms of sleep
+    # and 10 ms of step a sample)
+    w0 = _result(Config(64), samples_per_s=95.0, blocked=0.05, blocked_cpu=0.05)
+    w1 = _result(Config(64, 1), samples_per_s=99.0, blocked=0.0)
+    replay = _result(Config(64), samples_per_s=100.0, blocked=0.0, cpu_main=100.0, phase="replay")
+    est = estimate(w0=w0, w1=w1, replay=replay, usable_cpus=2, max_workers=16)
+    assert est.workers_needed() == 1
+    # the same with 1 ms of CPU a sample to load and 100 ms of step
+    w0 = _result(Config(64), samples_per_s=9.9, blocked=0.01, blocked_cpu=0.97)
+    w1 = _result(Config(64, 1), samples_per_s=9.95, blocked=0.0)
+    replay = _result(Config(64), samples_per_s=10.0, blocked=0.0, cpu_main=100.0, phase="replay")
+    assert estimate(w0=w0, w1=w1, replay=replay, usable_cpus=2, max_workers=3).workers_needed() == 1
 
 
 def test_workers_needed_grows_when_the_step_gets_faster() -> None:

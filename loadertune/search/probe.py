@@ -170,6 +170,21 @@ def step_fixed_cost(replay: TrialResult, other: TrialResult | None) -> float:
     return max(0.0, t1 - per_sample * b1)
 
 
+def _loop_floor(replay: TrialResult, w0: TrialResult, w1: TrialResult | None) -> float:
+    """The least the step's own rate can be: what the probe's whole loops made (loading
+    included, a loop runs no faster than its step), at a batch size no larger than the
+    replay's (a larger batch spreads the step's fixed cost thinner). A replay measured below it
+    was disturbed: on a machine busy with other work, a new user's replay read 440 samples/s
+    where the loop made 4,008; that ceiling ended the search "at the ceiling" and gave the
+    diagnosis a bound the winner beat by 290%. (Not the loop's time outside ``next()``: a GPU
+    step's kernels run on while the next batch loads.)"""
+    loops = [t for t in (w0, w1) if t is not None and t.ok]
+    return max(
+        (t.samples_per_s or 0.0 for t in loops if t.config.batch_size <= replay.config.batch_size),
+        default=0.0,
+    )
+
+
 def estimate(
     *,
     w0: TrialResult,
@@ -187,7 +202,7 @@ def estimate(
     load = _per_sample(w0, w0.measurement.blocked_fraction)
     cpu_fraction = w0.measurement.blocked_cpu_fraction
     cpu_fraction = 1.0 if cpu_fraction is None else min(1.0, cpu_fraction)
-    consumer = replay.measurement.samples_per_s
+    consumer = max(replay.measurement.samples_per_s, _loop_floor(replay, w0, w1))
     step = 1.0 / consumer if consumer > 0 else 0.0
     main_cpu = (replay.resources.cpu_percent_main if replay.resources else None) or 100.0
     step_cpu = min(step * usable_cpus, step * main_cpu / 100.0)
