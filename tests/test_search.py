@@ -254,6 +254,25 @@ def test_clearly_worse_trials_are_pruned(tmp_path, hw) -> None:
     assert runner.pruned > 0
 
 
+def test_a_pruned_setting_is_not_run_again(tmp_path, hw) -> None:
+    """Optuna learns little from a pruned trial and proposes it again: where every setting
+    with workers is clearly behind (the step needs the CPUs), each is stopped once."""
+
+    def workers_lose(config: Config) -> float:
+        return 1000.0 if config.num_workers == 0 else 400.0
+
+    runner = FakeRunner(workers_lose)
+    Search(
+        runner,
+        hardware=hw,
+        baseline=Config(32),
+        batch_sizes=[32],
+        settings=settings(tmp_path, patience=40, budget_s=10, max_workers=2),
+    ).run()
+    searched = [c for p, c in runner.log if p == "search"]
+    assert runner.pruned > 0 and len(searched) == len(set(searched))
+
+
 def test_a_live_search_prunes_against_the_best_and_writes_its_study_once_at_the_end(
     tmp_path, hw
 ) -> None:

@@ -220,6 +220,15 @@ class Search:
             return "at_ceiling"
         return None
 
+    def _pruned_already(self, config: Config) -> str | None:
+        """A setting this run stopped mid-window as clearly behind is not run again (Optuna,
+        which learns little from a pruned trial, proposes it again)."""
+        pruned = any(
+            t.pruned and t.config == config and not t.kept and t.phase == "search"
+            for t in self.ledger.trials
+        )
+        return "stopped already as clearly behind the best" if pruned else None
+
     def _beats_baseline(self) -> bool:
         """A setting measured faster than the baseline by more than the noise (or the baseline
         has no figure to beat)."""
@@ -251,6 +260,7 @@ class Search:
             skip = (
                 space.rejects(config)
                 or self.ledger.frontier.rules_out(config)
+                or self._pruned_already(config)
                 or self._past_the_budget(config, est)
             )
             if skip is not None:
