@@ -9,6 +9,7 @@ GPU, NVML's utilization samples over the window show the same thing from the oth
 
 from __future__ import annotations
 
+import os
 import statistics
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,12 @@ if TYPE_CHECKING:
 # MiB/s (trials up to 26) for a TensorDataset and a dataset that holds one int, 264-418 for 2
 # million dicts. At 4 MiB/s, the first two had been told to keep their samples in numpy arrays.
 COPY_ON_READ_BYTES_PER_S = 64 * MIB
+
+
+# Other processes' share of the CPUs, median over the trials, from which a search warns that
+# its figures moved with their load. A new user's search beside a test run on the 2-CPU machine
+# said "10.29x, clearly faster" where a plain loop timed 1.25x.
+BUSY_MACHINE_PERCENT = 20.0
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -320,8 +327,33 @@ def advice(outcome: SearchOutcome, hw: Hardware, diag: dict[str, Any]) -> list[s
     return out
 
 
-def warnings(outcome: SearchOutcome) -> list[str]:
+def others_cpu_percent(outcome: SearchOutcome, hw: Hardware) -> float | None:
+    """What other processes kept busy of this process's CPUs during the trials' windows, as a
+    share of those CPUs (median over the trials that measured it); None where it cannot be told
+    (under a cgroup quota below the CPUs it may run on, their load is not what slows it)."""
+    if hw.cpu_quota is not None and hw.cpu_quota < hw.logical_cpus:
+        return None
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+    shares = [
+        t.resources.cpu_percent_others / cpus
+        for t in outcome.trials
+        if t.ok and t.resources and t.resources.cpu_percent_others is not None and not t.kept
+    ]
+    return statistics.median(shares) if shares else None
+
+
+def warnings(outcome: SearchOutcome, hw: Hardware) -> list[str]:
     out = []
+    others = others_cpu_percent(outcome, hw)
+    if others is not None and others >= BUSY_MACHINE_PERCENT:
+        out.append(
+            f"other processes kept {others:.0f}% of this machine's CPUs busy during the trials "
+            "(median): every figure moves with their load, and a setting measured while it "
+            "peaked can look much faster or slower than it is; search again on a quiet machine"
+        )
     conf = outcome.confirmation
     if conf is not None and conf.within_noise and outcome.winner != outcome.baseline:
         out.append(
@@ -370,6 +402,6 @@ def diagnose(outcome: SearchOutcome, hw: Hardware) -> dict[str, Any]:
     }
     if diag["ceiling_samples_per_s"] and win:
         diag["percent_of_ceiling"] = 100 * win["samples_per_s"] / diag["ceiling_samples_per_s"]
-    diag["warnings"] = warnings(outcome)
+    diag["warnings"] = warnings(outcome, hw)
     diag["advice"] = advice(outcome, hw, diag)
     return diag

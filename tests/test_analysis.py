@@ -290,3 +290,50 @@ def test_a_tensor_dataset_is_not_told_it_copies_on_read() -> None:
 def test_balanced_when_the_loop_waits_a_little() -> None:
     results = [_ok(1000.0, blocked=0.12)]
     assert describe_trial(results)["bottleneck"] == "balanced"
+
+
+def test_others_share_of_the_cpus_is_a_median_and_unknown_under_a_quota() -> None:
+    import dataclasses as dc
+    import os
+    from types import SimpleNamespace
+
+    from loadertune.analysis import others_cpu_percent
+    from loadertune.hardware import detect
+
+    cpus = len(os.sched_getaffinity(0))
+    trials = [_ok(1000.0, 0.1) for _ in range(3)]
+    for t, busy in zip(trials, (10.0, 50.0, 90.0), strict=True):
+        t.resources = ResourceUsage(cpu_percent_others=busy * cpus)
+    outcome = SimpleNamespace(trials=trials)
+    hw = dc.replace(detect(), cpu_quota=None)
+    assert others_cpu_percent(outcome, hw) == pytest.approx(50.0)  # type: ignore[arg-type]
+    quota = dc.replace(hw, cpu_quota=0.5, logical_cpus=max(1, hw.logical_cpus))
+    assert others_cpu_percent(outcome, quota) is None  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_a_search_beside_busy_processes_says_its_figures_moved_with_them() -> None:
+    """Every CPU kept busy by another process while the trials run: the diagnosis warns that the
+    figures moved with that load (a new user's search beside a test run said 10.29x where a
+    plain loop timed 1.25x)."""
+    import contextlib
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    # Not this process's children (they would be taken for its workers): started in the
+    # background by a shell that exits, each pinned to one CPU.
+    spin_pids = []
+    for cpu in sorted(os.sched_getaffinity(0)):
+        code = f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile 1: pass"
+        shell = f"{sys.executable} -c '{code}' >/dev/null 2>&1 & echo $!"
+        out = subprocess.run(["sh", "-c", shell], capture_output=True, text=True, check=True)
+        spin_pids.append(int(out.stdout))
+    try:
+        rec = tune_loader(TensorDataset(n=20_000), batch_size=64, max_workers=2, **_TUNE)
+    finally:
+        for pid in spin_pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert any("other processes kept" in w for w in rec.diagnosis["warnings"]), rec.diagnosis

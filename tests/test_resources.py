@@ -87,3 +87,37 @@ def test_a_budget_hit_counts_the_workers_not_multiprocessing_s_helper() -> None:
     del it
     assert sampler.budget_hit is not None
     assert sampler.usage.n_workers == 3
+
+
+def test_a_window_tells_what_other_processes_kept_busy() -> None:
+    """A process outside the tree spinning on a CPU shows as others' load: the share of the
+    machine that moved the trial's figures; the tree's own CPU is not counted as others'."""
+    import subprocess
+    import sys
+
+    cpus = sorted(os.sched_getaffinity(0))
+    pin = f"import os; os.sched_setaffinity(0, {{{cpus[0]}}}); "
+    spin = subprocess.Popen([sys.executable, "-c", pin + "exec('while True: pass')"])
+    root = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        time.sleep(0.5)  # both started
+        with ResourceSampler(root.pid) as sampler:
+            sampler.window_started()
+            time.sleep(1.5)
+            busy = sampler.window_ended()
+    finally:
+        spin.kill()
+        spin.wait()
+    try:
+        with ResourceSampler(os.getpid()) as sampler:  # this process spins: its own CPU
+            sampler.window_started()
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 1.5:
+                pass
+            own = sampler.window_ended()
+    finally:
+        root.kill()
+        root.wait()
+    assert busy.cpu_percent_others is not None and busy.cpu_percent_others > 70
+    assert own.cpu_percent_main is not None and own.cpu_percent_main > 70
+    assert own.cpu_percent_others is not None and own.cpu_percent_others < 50

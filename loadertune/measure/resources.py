@@ -46,6 +46,9 @@ class ResourceUsage:
     open_files_limit: int | None = None  # RLIMIT_NOFILE of the trial's main process
     gpu_index: int | None = None
     gpu_util_percent: list[int] = field(default_factory=list)  # NVML samples in the window
+    # what other processes kept busy of the CPUs this process may run on, in the window (a
+    # shared machine's load, which moves every figure); None where it cannot be told
+    cpu_percent_others: float | None = None
 
     @property
     def gpu_util_mean(self) -> float | None:
@@ -182,11 +185,32 @@ def _cpu_seconds(procs: list[psutil.Process]) -> dict[int, float]:
     return out
 
 
+def _busy_cpu_seconds() -> float | None:
+    """Seconds the CPUs this process may run on have been busy, whoever kept them so (steal
+    included: a virtual machine's host gave the time to another); None where it cannot be told.
+    (Under a cgroup quota below those CPUs their load is not what slows this process: the
+    diagnosis, which knows the quota, leaves the figure out there.)"""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+        per_cpu = psutil.cpu_times(percpu=True)
+    except (AttributeError, OSError, psutil.Error):
+        return None
+    busy = 0.0
+    for i in cpus:
+        if i >= len(per_cpu):
+            return None
+        t = per_cpu[i]
+        busy += t.user + t.nice + t.system
+        busy += sum(getattr(t, name, 0.0) for name in ("irq", "softirq", "steal"))
+    return busy
+
+
 @dataclass
 class _Snapshot:
     wall: float
     cpu: dict[int, float]
     memory: dict[int, tuple[int, int]] | None = None
+    busy: float | None = None  # _busy_cpu_seconds()
 
 
 class ResourceSampler:
@@ -255,7 +279,7 @@ class ResourceSampler:
         mains = self._mains()
         found = _workers(procs, mains)
         memory = _memory_full(_sampled(procs, mains, found))
-        end = _Snapshot(time.monotonic(), _cpu_seconds(procs), memory)
+        end = _Snapshot(time.monotonic(), _cpu_seconds(procs), memory, _busy_cpu_seconds())
         start = self._start
         u = self.usage
         workers = [p.pid for p in found if p.pid in end.cpu]
@@ -270,6 +294,10 @@ class ResourceSampler:
             main = [pid for pid in end.cpu if pid in mains]
             u.cpu_percent_main = percent(main) if self._root_pid in end.cpu else None
             u.cpu_percent_workers = percent(workers)
+            if start.busy is not None and end.busy is not None:
+                # the tree's own time, a process started in the window counted from its start
+                ours = sum(end.cpu[p] - start.cpu.get(p, 0.0) for p in end.cpu)
+                u.cpu_percent_others = max(0.0, 100.0 * (end.busy - start.busy - ours) / wall)
             if start.memory is not None and end.memory is not None:
                 common = [p for p in workers if p in start.memory and p in end.memory]
                 if common:  # the sampled workers' mean, for every worker
@@ -320,7 +348,9 @@ class ResourceSampler:
                 self._want_start.clear()
                 procs = process_tree(self._root)
                 memory = _memory_full(_sampled(procs, self._mains()))
-                self._start = _Snapshot(time.monotonic(), _cpu_seconds(procs), memory)
+                self._start = _Snapshot(
+                    time.monotonic(), _cpu_seconds(procs), memory, _busy_cpu_seconds()
+                )
             slow = tick % max(1, round(1.0 / self.INTERVAL_S)) == 0
             tick += 1
             if slow or not procs:
