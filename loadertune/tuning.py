@@ -267,17 +267,22 @@ def _settings(settings: SearchSettings | None, budget_s: float, study: str) -> S
 class _TuneScript:
     """The patch controller of ``loadertune run --tune``: the saved settings (if any) applied
     where the script creates its loaders (every loader's workers die with the run: ``apply``),
-    and the target loader tuned when first iterated: the one ``index`` names, else the saved
-    entry's loader (``entry``), else the first iterated."""
+    and the target loader tuned when first iterated: the one ``loader`` names (its order of
+    creation, or ``FILE:LINE``), else the saved entry's loader (``entry``), else the first
+    iterated."""
 
     def __init__(
         self,
         tuner: Tuner,
         apply: ApplySaved,
-        index: int | None,
+        loader: int | str | None,
         entry: SavedEntry | None = None,
     ) -> None:
-        self.tuner, self.apply, self.index, self.entry = tuner, apply, index, entry
+        from loadertune.trials.target import Selector
+
+        self.tuner, self.apply, self.entry = tuner, apply, entry
+        spec = {"index": loader} if isinstance(loader, int) else {"call_site": loader}
+        self.selector = Selector(spec)  # names none without ``loader``
         self.target: LoaderRecord | None = None
 
     def on_create(self, record: LoaderRecord, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -295,9 +300,19 @@ class _TuneScript:
             return original(loader)
         return self.tuner.epoch(loader, original)
 
+    def none_tuned(self) -> str:
+        """Why the run tuned no loader, in a line."""
+        made = "; ".join(r.describe() for r in self.apply.created) or "none"
+        if self.selector.named:
+            wanted = self.selector.call_site or f"#{self.selector.index}"
+            why = f"no DataLoader the script iterated is {wanted} (it created: {made})"
+        else:
+            why = f"the script iterated no DataLoader (it created: {made})"
+        return f"loadertune: nothing was tuned: {why}"
+
     def _names(self, record: LoaderRecord) -> bool:
-        if self.index is not None:
-            return record.index == self.index
+        if self.selector.named:
+            return self.selector.names(record)
         if self.entry is None or self.entry.differs(record) is None:
             return True
         if any(self.entry.differs(r) is None for r in self.apply.created):
@@ -320,16 +335,16 @@ def run_script_tuned(
     path: str | os.PathLike[str] = "loadertune.json",
     budget_s: float = 60.0,
     batch_size: int | Sequence[int] | None = None,
-    loader: int | None = None,
+    loader: int | str | None = None,
     report: Report = print,
 ) -> int:
     """Run a training script for real, tuning its DataLoader during the first ``budget_s``
     seconds (what ``loadertune run --tune`` does); the winner is saved to ``path``.
 
     The run starts with this machine's saved settings for the script, if ``path`` has them, else
-    with the script's own. ``loader``: which DataLoader (order of creation; default: the saved
-    entry's, else the first the script iterates). Returns the script's exit status; the script's
-    own exceptions propagate.
+    with the script's own. ``loader``: which DataLoader (order of creation, or ``"FILE:LINE"``;
+    default: the saved entry's, else the first the script iterates). Returns the script's exit
+    status; the script's own exceptions propagate.
     """
     from loadertune.trials.apply import ApplySaved
     from loadertune.trials.child import run_as_main
@@ -342,7 +357,12 @@ def run_script_tuned(
     try:
         apply = saved.apply_saved(script, path, report)
     except LoadertuneError as exc:
-        report(f"loadertune: starting with the script's own settings: {exc}")
+        why = (
+            f"{path} does not exist yet; the winner is saved there"
+            if not os.path.exists(path)
+            else str(exc)
+        )
+        report(f"loadertune: starting with the script's own settings: {why}")
         apply = ApplySaved([], report=report)  # every loader's workers die with the run still
     entry = apply.entries[0] if len(apply.entries) == 1 else None
     sizes = () if batch_size is None else normalize_batch_sizes(batch_size)
@@ -356,13 +376,16 @@ def run_script_tuned(
         workload={"kind": "script", "script": str(script), "args": list(args)},
         report=report,
     )
+    controller = _TuneScript(tuner, apply, loader, entry)
     try:
-        with patched(_TuneScript(tuner, apply, loader, entry)):
+        with patched(controller):
             try:
                 run_as_main(str(script), list(args))
             finally:
                 for line in apply.unapplied():
                     report(line)
+                if controller.target is None:
+                    report(controller.none_tuned())
     except SystemExit as exc:
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else 1)

@@ -193,6 +193,8 @@ def test_run_tune_completes_every_epoch_and_the_next_run_uses_the_winner(tmp_pat
     proc = _loadertune("run", "--tune", "--budget", "4", "--file", str(rec), *script)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "tuned in" in proc.stderr or "ended before the tuning" in proc.stderr, proc.stderr
+    # no file yet: not "run `loadertune search` first", which --tune does not need
+    assert f"{rec} does not exist yet; the winner is saved there" in proc.stderr
     epochs = [json.loads(line) for line in counts.read_text().splitlines()]
     assert len(epochs) == 40  # the run went to its end
     assert all(sorted(e["samples"]) == list(range(600)) for e in epochs)
@@ -279,3 +281,22 @@ def test_torchs_warning_about_the_scripts_own_loader_comes_once_not_every_epoch(
     assert plain.returncode == 0 and proc.returncode == 0, proc.stderr[-3000:]
     warned = proc.stderr.count("worker processes in total")
     assert 1 <= warned <= plain.stderr.count("worker processes in total"), proc.stderr[-3000:]
+
+
+def test_run_tune_takes_the_loader_by_its_line_and_says_when_none_is_it(tmp_path: Path) -> None:
+    """`--loader FILE:LINE`, as `search` takes it; a line that names no loader tunes nothing, and
+    the run says so instead of ending in silence."""
+    counts, rec = tmp_path / "counts.jsonl", tmp_path / "rec.json"
+    script = [str(SCRIPTS / "counts.py"), "--", str(counts), "20"]
+    proc = _loadertune(
+        "run", "--tune", "--budget", "2", "--loader", "counts.py:17", "--file", str(rec), *script
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "nothing was tuned" not in proc.stderr
+    ((key, entry),) = store.entries_for(rec, hardware.current_key()).items()
+    assert key.endswith("counts.py:17") and entry["workload"]["call_site"].endswith("counts.py:17")
+    none = _loadertune(
+        "run", "--tune", "--budget", "2", "--loader", "counts.py:99", "--file", str(rec), *script
+    )
+    assert none.returncode == 0, none.stderr[-3000:]
+    assert "nothing was tuned: no DataLoader the script iterated is counts.py:99" in none.stderr

@@ -16,6 +16,7 @@ from loadertune.cli._common import (
     err,
     fail,
     file_option,
+    loader_option,
     nproc_option,
 )
 from loadertune.errors import LoadertuneError
@@ -33,12 +34,9 @@ from loadertune.errors import LoadertuneError
 )
 @budget_option("With --tune: seconds of the run spent trying settings (every batch still trains).")
 @batch_sizes_option("With --tune: batch sizes the run may switch to (default: keep the script's).")
-@click.option(
-    "--loader",
-    type=click.IntRange(min=1),
-    default=None,
-    help="With --tune: which DataLoader, by order of creation (default: the saved entry's, "
-    "else the first the script iterates).",
+@loader_option(
+    "With --tune: which DataLoader, N (order of creation, from 1) or FILE:LINE (your line that "
+    "creates it); default: the saved entry's, else the first the script iterates."
 )
 @nproc_option(
     "Run SCRIPT as `torchrun --standalone --nproc-per-node N` would, with the entry "
@@ -51,7 +49,7 @@ def run(
     tune: bool,
     budget_s: float,
     batch_sizes: list[int] | None,
-    loader: int | None,
+    loader: int | str | None,
     nproc_per_node: int | None,
 ) -> None:
     """Run SCRIPT for real with this machine's saved settings applied to its DataLoader.
