@@ -262,13 +262,7 @@ def test_a_pruned_setting_is_not_run_again(tmp_path, hw) -> None:
         return 1000.0 if config.num_workers == 0 else 400.0
 
     runner = FakeRunner(workers_lose)
-    Search(
-        runner,
-        hardware=hw,
-        baseline=Config(32),
-        batch_sizes=[32],
-        settings=settings(tmp_path, patience=40, budget_s=10, max_workers=2),
-    ).run()
+    search_at_32(runner, hw, settings(tmp_path, patience=40, budget_s=10, max_workers=2))
     searched = [c for p, c in runner.log if p == "search"]
     assert runner.pruned > 0 and len(searched) == len(set(searched))
 
