@@ -19,6 +19,7 @@ from loadertune.errors import (
 
 if TYPE_CHECKING:
     from loadertune.trials.apply import ApplySaved
+    from loadertune.trials.patch import Controller
 
 
 def current_world_size() -> int:
@@ -125,8 +126,6 @@ def run_script(
     """
     from loadertune.errors import LoadertuneError
     from loadertune.trials.apply import ApplySaved
-    from loadertune.trials.child import run_as_main
-    from loadertune.trials.patch import patched
     from loadertune.trials.script import check_script
 
     check_script(script)
@@ -139,12 +138,28 @@ def run_script(
     except LoadertuneError as exc:
         report(f"loadertune: running without changes: {exc}")
         controller = ApplySaved([], report=report)  # the workers' lifeline still
+    return run_patched(controller, script, args, report, controller.unapplied)
+
+
+def run_patched(
+    controller: Controller,
+    script: str | os.PathLike[str],
+    args: Sequence[str],
+    report: Callable[[str], None],
+    said_at_end: Callable[[], list[str]],
+) -> int:
+    """Run ``script`` as ``__main__`` with every DataLoader going through ``controller``; the
+    lines ``said_at_end()`` gives are reported however the script ends. Returns its exit
+    status; its own exceptions propagate."""
+    from loadertune.trials.child import run_as_main
+    from loadertune.trials.patch import patched
+
     try:
         with patched(controller):
             try:
                 run_as_main(str(script), list(args))
             finally:
-                for line in controller.unapplied():
+                for line in said_at_end():
                     report(line)
     except SystemExit as exc:
         code = exc.code

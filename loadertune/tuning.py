@@ -347,8 +347,6 @@ def run_script_tuned(
     status; the script's own exceptions propagate.
     """
     from loadertune.trials.apply import ApplySaved
-    from loadertune.trials.child import run_as_main
-    from loadertune.trials.patch import patched
     from loadertune.trials.script import check_script
 
     check_script(script)
@@ -377,18 +375,11 @@ def run_script_tuned(
         report=report,
     )
     controller = _TuneScript(tuner, apply, loader, entry)
+
+    def said_at_end() -> list[str]:
+        return apply.unapplied() + ([controller.none_tuned()] if controller.target is None else [])
+
     try:
-        with patched(controller):
-            try:
-                run_as_main(str(script), list(args))
-            finally:
-                for line in apply.unapplied():
-                    report(line)
-                if controller.target is None:
-                    report(controller.none_tuned())
-    except SystemExit as exc:
-        code = exc.code
-        return code if isinstance(code, int) else (0 if code is None else 1)
+        return saved.run_patched(controller, script, args, report, said_at_end)
     finally:
         tuner.finish()
-    return 0
