@@ -331,11 +331,11 @@ def others_cpu_percent(outcome: SearchOutcome, hw: Hardware) -> float | None:
     """What other processes kept busy of this process's CPUs during the trials' windows, as a
     share of those CPUs (median over the trials that measured it); None where it cannot be told
     (under a cgroup quota below the CPUs it may run on, their load is not what slows it)."""
-    if hw.cpu_quota is not None and hw.cpu_quota < hw.logical_cpus:
-        return None
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
+        return None
+    if hw.cpu_quota is not None and hw.cpu_quota < cpus:
         return None
     shares = [
         t.resources.cpu_percent_others / cpus

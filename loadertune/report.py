@@ -356,7 +356,7 @@ def _tuned_line(entry: Mapping[str, Any]) -> str | None:
         index=w.get("loader_index"),
         call_site=w["call_site"],
         dataset=w.get("dataset"),
-        batch_size=((entry.get("baseline") or {}).get("loader_kwargs") or {}).get("batch_size"),
+        batch_size=_batch_size(_baseline_kwargs(entry)),
         chosen_by=w.get("chosen_by"),
         rebuilt=bool(w.get("rebuilt_by_framework")),
         recreated=bool(w.get("recreated_each_epoch")),
