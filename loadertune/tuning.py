@@ -108,7 +108,7 @@ class Tuner:
                 self.untuned = True
                 self.report(f"loadertune: not tuning this DataLoader during the run: {why}")
             else:
-                self.swap = HotSwap(loader, self.conductor, fall_back=True)
+                self.swap = HotSwap(loader, self.conductor, fall_back=True, drain=True)
                 self.conductor.attach(self.swap)
                 self._thread = threading.Thread(
                     target=self._search, name="loadertune-tuner", daemon=True
@@ -179,6 +179,7 @@ class Tuner:
         self.conductor.close()
         if self.swap is not None:
             self.swap.close()
+        self.runner.idle()  # the study's write, put off until the training was over
 
 
 class TunedLoader:

@@ -139,12 +139,50 @@ def test_tuned_trains_on_every_sample_once_per_epoch_and_saves_the_winner(tmp_pa
         assert winner is not None and winner.batch_size == 16  # the batch size is kept
         current = loader.tuner.swap.current  # type: ignore[union-attr]
         assert current is not None and current.step.config == winner
+        assert _n_trials_stored(settings.storage) == 0  # written once the training is over
     assert all(whole(e) for e in epochs)
+    assert _n_trials_stored(settings.storage) >= 3
     assert any("tuned in" in line for line in lines), lines
     entries = store.entries_for(out, hardware.current_key())
     assert len(entries) == 1
     (entry,) = entries.values()
     assert Config.from_kwargs(entry["loader_kwargs"]) == winner
+
+
+def _n_trials_stored(storage: str) -> int:
+    import optuna
+
+    if not os.path.exists(storage.removeprefix("sqlite:///")):
+        return 0
+    summaries = optuna.get_all_study_summaries(storage)
+    return sum(s.n_trials for s in summaries)
+
+
+def test_tuned_writes_its_study_at_exit_when_the_loader_is_never_closed(tmp_path: Path) -> None:
+    code = f"""
+import time
+from torch.utils.data import DataLoader
+from loadertune import tuned
+from loadertune.search import SearchSettings
+from tests.test_tuning import Indices
+settings = SearchSettings(window_s=0.2, max_workers=2, storage="sqlite:///{tmp_path}/s.db")
+loader = tuned(DataLoader(Indices(), batch_size=16), budget_s=3, out="{tmp_path}/rec.json",
+               settings=settings, report=print)
+t0 = time.monotonic()
+while loader.tuner.runner.winner is None and time.monotonic() - t0 < 60:
+    for batch in loader:
+        pass
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).parent.parent,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "tuned in" in proc.stdout, proc.stdout
+    assert _n_trials_stored(f"sqlite:///{tmp_path}/s.db") >= 3
 
 
 def test_tuned_keeps_the_batch_size_once_the_loop_asked_its_length(tmp_path: Path) -> None:
@@ -195,6 +233,7 @@ def test_run_tune_completes_every_epoch_and_the_next_run_uses_the_winner(tmp_pat
     assert "tuned in" in proc.stderr or "ended before the tuning" in proc.stderr, proc.stderr
     # no file yet: not "run `loadertune search` first", which --tune does not need
     assert f"{rec} does not exist yet; the winner is saved there" in proc.stderr
+    assert "A new study created" not in proc.stderr + proc.stdout  # Optuna's log stays quiet
     epochs = [json.loads(line) for line in counts.read_text().splitlines()]
     assert len(epochs) == 40  # the run went to its end
     assert all(sorted(e["samples"]) == list(range(600)) for e in epochs)

@@ -414,9 +414,13 @@ class Search:
                 log.abandon(exc.kind)
                 raise
             finally:
-                unsaved = log.save()
-                if unsaved and self.observer:
-                    self.observer.note(unsaved)
+                self.runner.when_idle(lambda: self._save_study(log))
+
+    def _save_study(self, log: StudyLog) -> None:
+        with quiet_optuna():  # (a live run's comes after the search, at the training's end)
+            unsaved = log.save()
+        if unsaved and self.observer:
+            self.observer.note(unsaved)
 
     def _live_choice(self, winner: Config, confirmation: Confirmation | None) -> Config:
         """On a live run the baseline is the setting running: the winner replaces it only when

@@ -17,7 +17,7 @@ into an :class:`~loadertune.trials.segment.EpochOrder`. A segment's batch sample
 from the script's position on; a DataLoader hands batches over in the order its batch sampler made
 them (``in_order=True``), so each batch the script receives moves the position by exactly the
 indices it holds. Batches a segment prefetched but did not hand over are fetched again by the next
-one, not lost. At the same batch size the batches are exactly those of a single setting (the
+one, not lost; in a real training run they are handed over first instead (``drain``). At the same batch size the batches are exactly those of a single setting (the
 position moves by whole batches); at another, the rest of the epoch is regrouped at the new size.
 With ``drop_last``, the short tail dropped at the end of an epoch is that of the setting in use
 then.
@@ -139,6 +139,7 @@ class _Run:
         self.meter: Meter | None = None
         self.replayed = replayed  # the replay's one batch, handed over again and again
         self.it: Iterator[Any] | None = None
+        self.draining = False  # handing over its batches in flight before the next step
         if step.window is not None:
             self.meter = Meter(
                 step.window,
@@ -169,6 +170,12 @@ class HotSwap:
             which the search then replaces).
         keep_length: an epoch gives at most ``len(loader)`` batches once anything has asked it
             (a trial process; see the module docstring); False: every sample of every epoch.
+        drain: before the next step starts, hand over the batches the workers of the setting in
+            use have in flight (a real training run: they are loading work done already, and
+            thrown away it had cost the training up to a third of its time while a search
+            tried settings with many prefetched batches); False: drop them, the next setting
+            fetches them again (a trial process, where the steps on them would only delay the
+            next window).
     """
 
     def __init__(
@@ -178,6 +185,7 @@ class HotSwap:
         *,
         fall_back: bool,
         keep_length: bool = False,
+        drain: bool = False,
     ) -> None:
         why = why_not(loader)
         if why is not None:
@@ -186,6 +194,7 @@ class HotSwap:
         self.conductor = conductor
         self.fall_back = fall_back
         self.keep_length = keep_length
+        self.drain = drain
         self._promised: tuple[DataLoader[Any], int] | None = None  # len(loader), once asked
         self.regroup = loader.batch_size is not None
         self.current: _Run | None = None
@@ -227,6 +236,8 @@ class HotSwap:
     def _enter(self, order: EpochOrder) -> Iterator[Any]:
         self._order = order
         self._pending.clear()  # fetched for an epoch the script has left
+        if self.current is not None and self.current.draining:
+            self._close(self.current)  # its batches in flight were of the epoch left
         if self.current is not None:
             self.current.enter(order)
         return _Epoch(self, order)
@@ -239,6 +250,9 @@ class HotSwap:
                 return self._pending.pop(0)
             run = self.current
             try:
+                if run is not None and run.draining:
+                    assert run.it is not None
+                    return next(run.it)
                 if run is None or run.meter is None:
                     step, self._deferred = self._deferred or self.conductor.next_step(), None
                     if step is None and run is None:
@@ -250,6 +264,9 @@ class HotSwap:
                         # it): the step starts with the next epoch, from its start
                         self._deferred = step
                         raise StopIteration
+                    if step is not None and self._drains(run):
+                        self._deferred = step  # starts where the batches in flight end
+                        continue
                     if step is not None:
                         run = self._begin(step, order)
                         if run is None:
@@ -260,9 +277,16 @@ class HotSwap:
                 if run is not None and run.meter is not None and run.meter.done:
                     self._end(run)
                     continue
+                if run is not None and run.draining:
+                    self._close(run)  # drained: the next step begins where it ended
+                    continue
                 raise  # the epoch is over
             except Exception as exc:
                 run = self.current  # the step that raised (_begin may have replaced ``run``)
+                if run is not None and run.draining:  # the next step fetches the rest again
+                    self._close(run)
+                    _internals.forget_deaths()
+                    continue
                 if not self.fall_back or run is None or run.meter is None or self.good is None:
                     raise
                 self._failed(run, exc)
@@ -278,6 +302,27 @@ class HotSwap:
         except TypeError:
             return None
         return n // config.batch_size * config.batch_size if self.loader.drop_last else n
+
+    def _drains(self, run: _Run | None) -> bool:
+        """Begin handing over ``run``'s batches in flight, and no more of its epoch (with
+        ``drain``, for a setting with workers): True when it has begun."""
+        if not self.drain or run is None or run.it is None or not run.step.config.num_workers:
+            return False
+        if _internals.take_rest(run.segment.iterator) is None:
+            return False
+        run.draining = True
+        return True
+
+    def _take_in_flight(self, run: _Run, batches: Iterator[Any]) -> None:
+        """Fetch ``run``'s batches in flight now, to be handed over first (``_pending``): its
+        workers then sit idle, as at an epoch's start. A failure keeps those fetched; the
+        rest are fetched again by what comes next."""
+        if _internals.take_rest(run.segment.iterator) is None:
+            return
+        try:
+            self._pending.extend(batches)
+        except Exception:
+            _internals.forget_deaths()
 
     def _nothing_left(self, step: Step, order: EpochOrder) -> bool:
         """The epoch has no batch left for ``step`` (with ``drop_last``, a whole one), though
@@ -328,6 +373,8 @@ class HotSwap:
             and run.step.phase != "replay"
             and self.epoch_samples(cfg)
         ):
+            if self.drain and meter.iterator is not None:  # resuming would throw them away
+                self._take_in_flight(run, meter.iterator)
             t = time.perf_counter()  # a new epoch's start-up with persistent workers
             it = iter(run.segment)  # resumes the workers at the script's position
             try:

@@ -19,6 +19,7 @@ batch (never inside the training step). When the search is done, the winner runs
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import queue
@@ -251,6 +252,8 @@ class LiveRunner(BaseRunner):
         self.root_pid = os.getpid()
         self._slots: queue.Queue[_Slot] = queue.Queue()
         self._ended = threading.Event()
+        self._after: list[Callable[[], None]] = []  # work put off until the training is over
+        self._after_lock = threading.Lock()
 
     # -- the training loop's side (main thread) ----------------------------------------------------
 
@@ -277,8 +280,29 @@ class LiveRunner(BaseRunner):
         """The training run is over (or interrupted): the search stops."""
         self._ended.set()
 
+    def idle(self) -> None:
+        """The training is over (main thread, once the search's thread is done): do the work
+        put off until now (:meth:`when_idle`)."""
+        with self._after_lock:
+            work, self._after = self._after, []
+        for job in work:
+            atexit.unregister(job)
+            job()
+
     def close(self) -> None:
         """Nothing to release: the workers belong to the loop's HotSwap."""
+
+    def when_idle(self, work: Callable[[], None]) -> None:
+        """Put ``work`` off until the training is over (:meth:`idle`; at the interpreter's
+        exit, where nothing calls it). Writing the study (an SQLite set-up, then a copy) took
+        about 0.4 s of CPU, and the training's epoch 0.6-1.2 s more: this thread holds the
+        GIL in pure Python while the training thread wants it back after every operator."""
+        with self._after_lock:
+            if not self._ended.is_set():
+                self._after.append(work)
+                atexit.register(work)
+                return
+        work()
 
     # -- the search's side -------------------------------------------------------------------------
 

@@ -229,6 +229,9 @@ class TrialRunner(Protocol):
     def close(self) -> None:
         """Release what the runner holds (nothing of a trial may be left by then)."""
 
+    def when_idle(self, work: Callable[[], None]) -> None:
+        """Do ``work`` (writing the study) where it slows no training down."""
+
 
 @dataclass(frozen=True)
 class TrialRequest:
@@ -299,6 +302,10 @@ class BaseRunner:
             if on_result is not None and not on_result(result):
                 break
         return results
+
+    def when_idle(self, work: Callable[[], None]) -> None:
+        """See :meth:`TrialRunner.when_idle`: here at once (the trials are over)."""
+        work()
 
     def _trial(self, config: Config | None, request: TrialRequest) -> TrialResult:
         raise NotImplementedError
