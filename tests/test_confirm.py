@@ -286,6 +286,22 @@ def test_rounds_go_on_to_the_cap_while_settings_are_close(clock: _Clock) -> None
     assert len(ran) == 16
 
 
+def test_on_a_live_run_a_finalist_behind_the_running_setting_leaves_the_rounds(
+    clock: _Clock,
+) -> None:
+    """Close rates: the side search runs every round (above); a live run, where a round at a
+    slower setting is training time lost, ends them once its finalists are behind its own
+    setting (A), keeping one ahead of it."""
+    run, ran = _runner(clock, {A: [100.0, 104.0] * 4, B: [98.0, 99.0] * 4, C: [103.0] * 8})
+    outcome = confirm(run, [B, C], A, rounds=8, deadline=1000.0, trial_wall_s=10.0, live=True)
+    assert ran[:6] == [B, C, A, C, A, B]
+    assert B in outcome.left_out and C not in outcome.left_out  # B behind A, C ahead
+    assert ran.count(B) == 2 and ran.count(C) > 2
+    run, ran = _runner(clock, {A: [100.0, 104.0] * 4, B: [98.0, 99.0] * 4})
+    confirm(run, [B], A, rounds=8, deadline=1000.0, trial_wall_s=10.0, live=True)
+    assert ran == [B, A, A, B]  # the running setting alone is left: the rounds end
+
+
 def test_noise_sigma_pools_repeated_settings_with_a_prior() -> None:
     assert confirm_mod.noise_sigma({}) == pytest.approx(confirm_mod.PRIOR_SIGMA)
     assert confirm_mod.noise_sigma({A: [100.0]}) == pytest.approx(confirm_mod.PRIOR_SIGMA)

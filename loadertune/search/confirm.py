@@ -181,6 +181,7 @@ def confirm(
     measure_first: bool = False,
     prior: Mapping[Config, Sequence[float]] | None = None,
     prior_sub_windows: Mapping[Config, Sequence[float]] | None = None,
+    live: bool = False,
 ) -> Confirmation:
     """Measure ``finalists`` and ``baseline`` in up to ``rounds`` interleaved rounds: fewer if
     the deadline, a ``time.monotonic()`` value, comes first, or once one setting alone may win
@@ -192,7 +193,9 @@ def confirm(
     measured even past the deadline. ``prior``: rates measured earlier in this run (the
     exploration's), pooled with the rounds: more samples per setting, so one unlucky round
     decides less;
-    ``prior_sub_windows``: their sub-window rates, for the test of a tight budget's rounds."""
+    ``prior_sub_windows``: their sub-window rates, for the test of a tight budget's rounds.
+    ``live``: the rounds run on a real training run, whose own setting is the baseline; a
+    finalist behind it leaves too (:func:`ahead_of_baseline`)."""
     configs = list(dict.fromkeys([*finalists, baseline]))
     order: list[Config] = list(configs)  # grows a round at a time, rotated
     outcome = Confirmation(
@@ -245,6 +248,8 @@ def confirm(
             outcome.values,
             baseline,
         )
+        if live:
+            kept = ahead_of_baseline(kept, outcome.values, baseline)
         outcome.left_out.update(c for c in configs if c not in kept)
         configs = kept
         if len(configs) <= 1:
@@ -296,3 +301,19 @@ def still_in(
         if means[lead] - means[c] <= ELIMINATE_Z * se:
             keep.append(c)
     return keep
+
+
+def ahead_of_baseline(
+    configs: Sequence[Config], values: Mapping[Config, Sequence[float]], baseline: Config
+) -> list[Config]:
+    """On a live run, the settings that may still replace the baseline (the setting the
+    training runs): those ahead of it by mean log rate, and the baseline. Each round of one
+    behind it is training time at a slower setting, and the switch needs most of its rates to
+    beat the baseline's (:func:`~loadertune.search.plan.switch_pays`): one behind after its
+    rounds and the exploration's figures seldom gets there. With only the baseline left, the
+    rounds end."""
+    logs = {c: [math.log(v) for v in values.get(c, []) if v > 0] for c in configs}
+    if len(logs.get(baseline, [])) < 2:
+        return list(configs)
+    base = statistics.fmean(logs[baseline])
+    return [c for c in configs if c == baseline or not logs[c] or statistics.fmean(logs[c]) > base]

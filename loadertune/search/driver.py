@@ -382,6 +382,7 @@ class Search:
             measure_first=unmeasured,
             prior=self.ledger.samples,
             prior_sub_windows=self.ledger.sub_windows(),
+            live=self.settings.live,
         )
 
     # -- the whole search --------------------------------------------------------------------------

@@ -17,8 +17,9 @@ into an :class:`~loadertune.trials.segment.EpochOrder`. A segment's batch sample
 from the script's position on; a DataLoader hands batches over in the order its batch sampler made
 them (``in_order=True``), so each batch the script receives moves the position by exactly the
 indices it holds. Batches a segment prefetched but did not hand over are fetched again by the next
-one, not lost; in a real training run they are handed over first instead (``drain``). At the same batch size the batches are exactly those of a single setting (the
-position moves by whole batches); at another, the rest of the epoch is regrouped at the new size.
+one, not lost; in a real training run they are handed over first instead (``drain``). At the
+same batch size the batches are exactly those of a single setting (the position moves by whole
+batches); at another, the rest of the epoch is regrouped at the new size.
 With ``drop_last``, the short tail dropped at the end of an epoch is that of the setting in use
 then.
 
