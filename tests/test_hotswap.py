@@ -73,11 +73,14 @@ SEQUENCE = [
 ]
 
 
-@pytest.mark.parametrize("drop_last", [False, True])
-def test_each_epoch_holds_every_sample_once_across_setting_changes(drop_last: bool) -> None:
+@pytest.mark.parametrize(("drop_last", "drain"), [(False, False), (True, False), (True, True)])
+def test_each_epoch_holds_every_sample_once_across_setting_changes(
+    drop_last: bool, drain: bool
+) -> None:
     loader = DataLoader(Indices(), batch_size=16, shuffle=True, drop_last=drop_last)
     conductor = Listed(SEQUENCE)
-    epochs = epochs_through(HotSwap(loader, conductor, fall_back=False), conductor)
+    swap = HotSwap(loader, conductor, fall_back=False, drain=drain)
+    epochs = epochs_through(swap, conductor)
     assert [o.step.config for o in conductor.outcomes] == SEQUENCE  # every setting was measured
     assert all(o.measurement is not None and o.measurement.n_samples for o in conductor.outcomes)
     for seen in epochs:
@@ -170,7 +173,8 @@ def test_a_real_run_hands_over_the_batches_in_flight_before_the_next_setting(dra
         assert extra >= 4 * 8, extra
 
 
-def test_at_the_same_batch_size_the_batches_are_those_of_one_loader() -> None:
+@pytest.mark.parametrize("drain", [False, True])
+def test_at_the_same_batch_size_the_batches_are_those_of_one_loader(drain: bool) -> None:
     """Swaps at one batch size hand over exactly the batches one loader makes, in its order:
     the epoch's order is taken from the sampler as iterating would (same RNG draws)."""
     torch.manual_seed(7)
@@ -178,20 +182,21 @@ def test_at_the_same_batch_size_the_batches_are_those_of_one_loader() -> None:
     torch.manual_seed(7)
     loader = DataLoader(Indices(), batch_size=16, shuffle=True)
     configs = [Config(16), Config(16, 2, 2), Config(16, 1, 1)]
-    swap = HotSwap(loader, Listed(configs), fall_back=False)
+    swap = HotSwap(loader, Listed(configs), fall_back=False, drain=drain)
     swapped = [b.flatten().tolist() for b in swap.epoch()]
     swap.close()
     assert swapped == plain
 
 
-def test_a_custom_batch_sampler_keeps_its_batches() -> None:
+@pytest.mark.parametrize("drain", [False, True])
+def test_a_custom_batch_sampler_keeps_its_batches(drain: bool) -> None:
     class Pairs(BatchSampler):
         pass  # a subclass: its batches are taken as they come
 
     sampler = Pairs(SequentialSampler(range(300)), batch_size=7, drop_last=False)
     loader = DataLoader(Indices(300), batch_sampler=sampler)
     conductor = Listed([Config(7), Config(7, 2, 2), Config(7, 1, 2)], window_s=0.1)
-    swap = HotSwap(loader, conductor, fall_back=False)
+    swap = HotSwap(loader, conductor, fall_back=False, drain=drain)
     batches = [b.flatten().tolist() for _ in range(2) for b in swap.epoch()]
     swap.close()
     assert batches == [list(b) for _ in range(2) for b in sampler]
@@ -210,13 +215,17 @@ class Fragile(Indices):
         return super().__getitem__(i)
 
 
-def test_a_failing_setting_falls_back_to_the_last_good_one_without_losing_a_sample() -> None:
+@pytest.mark.parametrize("drain", [False, True])
+def test_a_failing_setting_falls_back_to_the_last_good_one_without_losing_a_sample(
+    drain: bool,
+) -> None:
     loader = DataLoader(Fragile(), batch_size=16, shuffle=True)
     conductor = Listed([Config(16, 1, 2), Config(16, 3, 2), Config(16, 2, 2)])
     # as LiveConductor does in a real run: the death is raised only where torch waits for a
     # batch, never in the loop's own code (here, the list comprehension)
     with _internals.worker_deaths_deferred(only_while_waiting=True):
-        epochs = epochs_through(HotSwap(loader, conductor, fall_back=True), conductor)
+        swap = HotSwap(loader, conductor, fall_back=True, drain=drain)
+        epochs = epochs_through(swap, conductor)
     failed = [o for o in conductor.outcomes if o.error is not None]
     assert [o.step.config.num_workers for o in failed] == [3]
     assert "DataLoader worker" in str(failed[0].error)
