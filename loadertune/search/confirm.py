@@ -277,6 +277,12 @@ def noise_sigma(values: Mapping[Config, Sequence[float]]) -> float:
     return math.sqrt(ss / dof)
 
 
+def _log_rates(
+    configs: Sequence[Config], values: Mapping[Config, Sequence[float]]
+) -> dict[Config, list[float]]:
+    return {c: [math.log(v) for v in values.get(c, []) if v > 0] for c in configs}
+
+
 def still_in(
     configs: Sequence[Config], values: Mapping[Config, Sequence[float]], baseline: Config
 ) -> list[Config]:
@@ -284,7 +290,7 @@ def still_in(
     ELIMINATE_Z standard errors); the baseline stays until it has two figures (the
     exploration's count), so that "clearly faster" compares two of each."""
     sigma = noise_sigma(values)
-    logs = {c: [math.log(v) for v in values.get(c, []) if v > 0] for c in configs}
+    logs = _log_rates(configs, values)
     means = {c: statistics.fmean(v) for c, v in logs.items() if v}
     if not means:
         return list(configs)
@@ -312,7 +318,7 @@ def ahead_of_baseline(
     beat the baseline's (:func:`~loadertune.search.plan.switch_pays`): one behind after its
     rounds and the exploration's figures seldom gets there. With only the baseline left, the
     rounds end."""
-    logs = {c: [math.log(v) for v in values.get(c, []) if v > 0] for c in configs}
+    logs = _log_rates(configs, values)
     if len(logs.get(baseline, [])) < 2:
         return list(configs)
     base = statistics.fmean(logs[baseline])

@@ -172,9 +172,9 @@ class HotSwap:
         keep_length: an epoch gives at most ``len(loader)`` batches once anything has asked it
             (a trial process; see the module docstring); False: every sample of every epoch.
         drain: before the next step starts, hand over the batches the workers of the setting in
-            use have in flight (a real training run: they are loading work done already, and
-            thrown away it had cost the training up to a third of its time while a search
-            tried settings with many prefetched batches); False: drop them, the next setting
+            use have in flight (a real training run: they are loading work done already; on the
+            example script, epochs during a tuning took 2.3-2.5 s with them thrown away and
+            1.8-2.0 s with them kept, 1.7 s untuned); False: drop them, the next setting
             fetches them again (a trial process, where the steps on them would only delay the
             next window).
     """
