@@ -121,3 +121,22 @@ def test_a_window_tells_what_other_processes_kept_busy() -> None:
     assert busy.cpu_percent_others is not None and busy.cpu_percent_others > 70
     assert own.cpu_percent_main is not None and own.cpu_percent_main > 70
     assert own.cpu_percent_others is not None and own.cpu_percent_others < 50
+
+
+def test_cpu_figures_need_a_start_snapshot_that_covers_the_window() -> None:
+    """A window's start heard late (a script without an optimizer sends its loader's events
+    only once the window is full) leaves a snapshot interval of a moment: no CPU figures then,
+    rather than a busy worker read as idle. The workers are still counted."""
+    it = started(2)
+    with ResourceSampler(os.getpid()) as sampler:
+        sampler.window_started()
+        time.sleep(0.5)  # the start's snapshot is taken
+        covered = sampler.window_ended(window_s=0.6)
+    with ResourceSampler(os.getpid()) as sampler:
+        sampler.window_started()
+        time.sleep(0.5)
+        late = sampler.window_ended(window_s=3.0)  # the window ran 3 s; the snapshot saw 0.5
+    del it
+    assert covered.cpu_percent_main is not None and covered.cpu_percent_workers is not None
+    assert late.cpu_percent_main is None and late.cpu_percent_workers is None
+    assert covered.n_workers == late.n_workers == 2

@@ -271,8 +271,14 @@ class ResourceSampler:
         self._want_start.set()
         self._wake.set()
 
-    def window_ended(self) -> ResourceUsage:
-        """Snapshot the tree now (workers must still be alive) and return the window's usage."""
+    def window_ended(self, window_s: float | None = None) -> ResourceUsage:
+        """Snapshot the tree now (workers must still be alive) and return the window's usage.
+
+        ``window_s``: the window as the meter timed it. The CPU figures are left out (None) when
+        the start snapshot came less than half of it before now: they would describe a moment,
+        not the window. That happens when the window's start is heard late, as in a script
+        without an optimizer, whose loader is known (and its events sent) only once its window
+        is full: a 0.3-s window's workers then read 0% busy."""
         self._window_open = False
         end_unix_us = int(time.time() * 1e6)
         procs = process_tree(self._root)
@@ -284,7 +290,7 @@ class ResourceSampler:
         u = self.usage
         workers = [p.pid for p in found if p.pid in end.cpu]
         u.n_workers = len(workers)
-        if start is not None and end.wall > start.wall:
+        if start is not None and end.wall - start.wall > 0.5 * (window_s or 0.0):
             wall = end.wall - start.wall
 
             def percent(pids: list[int]) -> float:

@@ -317,6 +317,8 @@ class TrialController:
             m.reentry_s.append(time.perf_counter() - t)
         self._report(m, complete=True)
         if self.conductor is not None and self.swap is None:
+            # the swap stops this setting's workers: not before the search has counted them
+            self.conductor.wait_release()
             self._swap_now()
         if self.rank is not None or self.conductor is not None:
             return  # the loop goes on (a rank, or into a HotSwap)

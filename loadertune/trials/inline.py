@@ -31,7 +31,7 @@ from loadertune.measure.failures import Failure, FailureKind, classify_exception
 from loadertune.measure.meter import Meter, WindowSpec
 from loadertune.measure.resources import multiprocessing_helper
 from loadertune.trials import _torch_internals as _internals
-from loadertune.trials import lifeline
+from loadertune.trials import lifeline, shm
 from loadertune.trials import loader as dl
 from loadertune.trials.runner import BaseRunner, Limits, TrialRequest, TrialResult
 from loadertune.trials.supervisor import Supervisor
@@ -55,6 +55,7 @@ def kill_new_children(before: set[int], grace_s: float = 3.0) -> int:
             p.kill()
     gone, _ = psutil.wait_procs(new, timeout=grace_s)
     _internals.tell_multiprocessing({p.pid: p.returncode for p in gone})
+    shm.remove_leftovers(p.pid for p in gone)
     return len(new)
 
 
@@ -237,7 +238,7 @@ class InlineRunner(BaseRunner):
         if measurement is None:
             raise _TooShort(result.epoch_samples, config, window)
         result.measurement = measurement
-        result.resources = sup.window_ended()
+        result.resources = sup.window_ended(measurement.window_s)
         result.pruned = sup.pruned
         if not replay and not measurement.reentry_s and config.num_workers and result.epoch_samples:
             measurement.reentry_s.append(self._reentry(loader, meter))

@@ -197,7 +197,7 @@ class LiveConductor:
         assert sup is not None
         if outcome.measurement is not None:
             result.measurement = outcome.measurement
-            result.resources = sup.window_ended()
+            result.resources = sup.window_ended(outcome.measurement.window_s)
             result.pruned = sup.pruned
             result.failure = slot.abort
         elif outcome.no_batches is not None:

@@ -24,7 +24,7 @@ import psutil
 
 from loadertune.errors import ConfigError
 from loadertune.measure import failures
-from loadertune.trials import messages
+from loadertune.trials import messages, shm
 from loadertune.trials.channel import Channel
 from loadertune.trials.child import SPEC_ENV
 from loadertune.trials.forkserver import Forked, ForkServer, ForkServerError, start_module
@@ -52,23 +52,32 @@ def check_script(script: str | os.PathLike[str]) -> Path:
 
 
 def kill_group(pgid: int, grace_s: float = 3.0) -> int:
-    """SIGKILL every process in group ``pgid``; return how many were still alive."""
+    """SIGKILL every process in group ``pgid``, and remove what its dead workers left in shared
+    memory (:mod:`loadertune.trials.shm`); return how many were still alive."""
+    members = set(group_members(pgid))
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
     deadline = time.monotonic() + grace_s
     survivors: list[int] = []
     while time.monotonic() < deadline:
-        survivors = [
-            p.pid
-            for p in psutil.process_iter(["status"])
-            if _pgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE
-        ]
+        survivors = group_members(pgid, living=True)
+        members.update(survivors)
         if not survivors:
             break
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)
         time.sleep(0.05)
+    shm.remove_leftovers(members)
     return len(survivors)
+
+
+def group_members(pgid: int, *, living: bool = False) -> list[int]:
+    """The processes of group ``pgid`` (``living``: zombies left out)."""
+    return [
+        p.pid
+        for p in psutil.process_iter(["status"])
+        if _pgid(p.pid) == pgid and not (living and p.info["status"] == psutil.STATUS_ZOMBIE)
+    ]
 
 
 def _pgid(pid: int) -> int | None:

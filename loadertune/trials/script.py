@@ -371,7 +371,7 @@ class ScriptRunner(BaseRunner):
     def _on_result(self, msg: messages.ResultMsg, trial: Trial) -> bool:
         result = trial.result
         result.measurement = Measurement.from_dict(msg["measurement"])
-        result.resources = trial.sup.window_ended()
+        result.resources = trial.sup.window_ended(result.measurement.window_s)
         result.pruned = trial.sup.pruned
         result.cuda_peak_allocated_bytes = msg["cuda_peak_allocated"]
         result.cuda_peak_reserved_bytes = msg["cuda_peak_reserved"]
@@ -383,9 +383,9 @@ class ScriptRunner(BaseRunner):
         self._check_ran(msg["ran"], result)
         if result.failure is not None:
             return True  # not its setting: the launch is replaced
-        if msg["complete"] and trial.launch.swaps and not self.loader_recreated:
-            trial.reusable = True
+        if msg["complete"] and trial.launch.swaps:
             trial.chan.send(messages.RELEASE)  # snapshot taken: the setting's workers may stop
+            trial.reusable = not self.loader_recreated
         return msg["complete"]  # a partial result is followed by "ended"
 
     def _check_ran(self, ran: dict[str, Any], result: TrialResult) -> None:

@@ -121,8 +121,14 @@ class ChannelConductor:
                     ran=outcome.ran,
                 )
             )
-        self._wait("release")
+        self.wait_release()
         return False  # the setting's workers stop now
+
+    def wait_release(self) -> None:
+        """Until the search has taken its snapshot of this setting's processes (its
+        :class:`~loadertune.trials.messages.ReleaseMsg`, sent after every complete result): the
+        setting's workers must still be there for it to count them."""
+        self._wait("release")
 
     def _wait(self, kind: str) -> dict[str, Any]:
         """The search's next message of ``kind`` (a late "stop" is dropped); the process ends

@@ -90,9 +90,10 @@ class Supervisor:
 
     # -- decisions -------------------------------------------------------------------------------
 
-    def window_ended(self) -> ResourceUsage:
-        """Take the end-of-window snapshot; call while the workers are still alive."""
-        return self.sampler.window_ended()
+    def window_ended(self, window_s: float | None = None) -> ResourceUsage:
+        """Take the end-of-window snapshot; call while the workers are still alive
+        (``window_s``: see :meth:`ResourceSampler.window_ended`)."""
+        return self.sampler.window_ended(window_s)
 
     def usage_so_far(self) -> ResourceUsage:
         """What the sampler saw of a trial that ended without a window's end: peaks, and the

@@ -1,0 +1,117 @@
+"""A trial's killed workers leave nothing in /dev/shm (loadertune.trials.shm)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from loadertune.trials import shm
+from loadertune.trials.inline import kill_new_children
+from loadertune.trials.processes import group_members, kill_group
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not shm.SHM_DIR.is_dir(), reason="no /dev/shm on this system"),
+]
+
+# What a worker killed between torch's create and unlink leaves: a file named after itself.
+LEAVES_A_FILE = """
+import os, subprocess, sys, time
+def leave():
+    with open(f"/dev/shm/torch_{os.getpid()}_{sys.argv[1]}_0", "wb") as f:
+        f.write(b"x" * 4096)
+if len(sys.argv) > 2:  # the trial process starts a "worker" in its group, then leaves its own
+    subprocess.Popen([sys.executable, __file__, sys.argv[1]])
+leave()
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def _files(pid: int) -> list[Path]:
+    return sorted(shm.SHM_DIR.glob(f"torch_{pid}_*"))
+
+
+def test_kill_group_removes_its_dead_processes_files_and_no_one_elses(tmp_path: Path) -> None:
+    script = tmp_path / "leaves.py"
+    script.write_text(LEAVES_A_FILE)
+    tag = str(time.monotonic_ns())
+    group = subprocess.Popen(
+        [sys.executable, str(script), tag, "with-worker"],
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    bystander = subprocess.Popen([sys.executable, str(script), tag], stdout=subprocess.PIPE)
+    try:
+        assert group.stdout is not None and bystander.stdout is not None
+        assert group.stdout.readline() and bystander.stdout.readline()
+        deadline = time.monotonic() + 30
+        while len(set(group_members(group.pid))) < 2 or not all(
+            _files(p) for p in set(group_members(group.pid))
+        ):
+            assert time.monotonic() < deadline, "the group's worker never wrote its file"
+            time.sleep(0.05)
+        members = set(group_members(group.pid))
+        assert kill_group(group.pid) == 0
+        group.wait(timeout=10)
+        assert all(not _files(pid) for pid in members), "a killed process's file is left"
+        assert _files(bystander.pid), "a live process outside the group lost its file"
+    finally:
+        bystander.kill()
+        bystander.wait()
+        group.kill()
+        group.wait()
+        for f in _files(bystander.pid):
+            f.unlink()
+
+
+def test_a_real_loader_killed_mid_batch_leaves_no_shared_memory() -> None:
+    """The leak itself, with torch's own shared memory: a loader making 16-MB batches, its
+    group SIGKILLed five times at different points of a batch. With one ``killpg`` about half
+    the kills left a file (``scripts/bench_shm_leftovers.py``); ``kill_group`` must leave none."""
+    child = (
+        "import torch\n"
+        "from torch.utils.data import DataLoader, Dataset\n"
+        "class Big(Dataset):\n"
+        "    def __len__(self): return 10**6\n"
+        "    def __getitem__(self, i): return torch.zeros(2**18)\n"
+        "print('ready', flush=True)\n"
+        "for _ in DataLoader(Big(), batch_size=16, num_workers=2, prefetch_factor=4): pass\n"
+    )
+    left: list[Path] = []
+    for i in range(5):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", child], stdout=subprocess.PIPE, start_new_session=True
+        )
+        assert proc.stdout is not None and proc.stdout.readline()
+        time.sleep(1.0 + i * 0.053)
+        members = set(group_members(proc.pid))
+        assert len(members) == 3, "the loader's workers are not running"
+        kill_group(proc.pid)
+        proc.wait(timeout=10)
+        time.sleep(0.2)
+        left += [f for pid in members for f in _files(pid)]
+        shm.remove_leftovers(members)  # one leak must not fill /dev/shm for the rest
+    assert not left, f"killed workers left shared memory: {left}"
+
+
+def test_children_killed_in_process_leave_no_file() -> None:
+    """An in-process trial's workers are this process's children (kill_new_children)."""
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in "ab"]
+    for kid in kids:  # as if each was killed between torch's create and unlink
+        (shm.SHM_DIR / f"torch_{kid.pid}_{time.monotonic_ns()}_0").write_bytes(b"x" * 4096)
+    try:
+        assert kill_new_children(before) == 2
+        assert all(not _files(kid.pid) for kid in kids)
+    finally:
+        for kid in kids:
+            kid.kill()
+            kid.wait()
+            for f in _files(kid.pid):
+                f.unlink()
