@@ -7,7 +7,9 @@ stdout is not a terminal it prints one plain line per trial instead.
 
 from __future__ import annotations
 
+import math
 import os
+import statistics
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -18,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from loadertune.config import Config, kwargs_label
+from loadertune.search import plan
 from loadertune.trials import TrialResult
 from loadertune.trials.identity import target_line
 from loadertune.units import MIB
@@ -255,6 +258,34 @@ def _stop_words(entry: Mapping[str, Any]) -> str:
     return words
 
 
+def _budget_too_short(entry: Mapping[str, Any]) -> str | None:
+    """When the budget ran out before the search explored what it needs to rank anything (its
+    first :data:`~loadertune.search.plan.MIN_EXPLORED` settings beyond the opening), say so and
+    what budget would do: with seconds-long batches, one trial of many workers can take a minute,
+    and the pick is then little more than your own settings."""
+    s = entry.get("search") or {}
+    trials = [t for t in entry.get("trials") or [] if isinstance(t, Mapping)]
+    timed = [
+        (t.get("phase"), t["wall_s"])
+        for t in trials
+        if isinstance(t.get("wall_s"), float) and t["wall_s"] > 0
+    ]
+    walls = [w for _, w in timed]
+    explored = sum(t.get("phase") == "search" for t in trials)
+    if s.get("stop_reason") != "budget" or explored >= plan.MIN_EXPLORED or not walls:
+        return None
+    opening = sum(w for phase, w in timed if phase != "search")
+    room = opening + 10 * statistics.median(walls)
+    suggest = 60 * math.ceil(room / 60)
+    if suggest <= (s.get("elapsed_s") or 0.0):
+        return None
+    return (
+        f"the budget ran out after {explored} setting{'s' if explored != 1 else ''} beyond your "
+        f"own and the probe (its trials took {min(walls):.0f}-{max(walls):.0f} s each): "
+        f"a budget of about {suggest} s (--budget, or budget_s=) gives room for ten"
+    )
+
+
 def _baseline_kwargs(entry: Mapping[str, Any]) -> object:
     baseline = entry.get("baseline")
     return baseline.get("loader_kwargs") if isinstance(baseline, dict) else None
@@ -340,6 +371,9 @@ def summary_lines(rec: Recommendation | Mapping[str, Any]) -> list[str]:
     if s.get("study_name"):
         head += f"; study {s['study_name']!r} in {s.get('storage') or 'an unknown storage'}"
     lines.append(head)
+    short = _budget_too_short(entry)
+    if short:
+        lines.append(short)
     for warning in diag.get("warnings") or []:
         lines.append(f"warning: {warning}")
     for advice in diag.get("advice") or []:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 from rich.console import Console
@@ -202,6 +203,27 @@ def test_summary_lines() -> None:
     assert any(line.startswith("best at your batch size: bs=64 w=4 pf=2") for line in lines)
     assert any("2 trials in 42 s, stopped: the budget was spent" in line for line in lines)
     assert not any("resumed" in line for line in lines)
+
+
+def test_summary_lines_say_when_the_budget_held_too_few_trials() -> None:
+    """A baseline of seconds-long batches can spend the budget before the search explores
+    anything: the summary says so, and what budget would give it room (ten trials of the
+    median's length, after the opening's own time)."""
+    base = dataclasses.replace(OK, phase="baseline", wall_s=69.0)
+    probe = dataclasses.replace(OK, phase="probe", wall_s=11.0)
+    one = dataclasses.replace(OK, wall_s=9.0)
+    rec = _recommendation(trials=[base, probe, one])
+    rec.search.update(elapsed_s=89.0, n_trials=3)
+    line = next(x for x in summary_lines(rec) if x.startswith("the budget ran out"))
+    assert line == (
+        "the budget ran out after 1 setting beyond your own and the probe (its trials took 9-69 s "
+        "each): a budget of about 240 s (--budget, or budget_s=) gives room for ten"
+    )  # 69 + 11 + 10 x 11 = 190 s, rounded up to whole minutes
+    rec.search["stop_reason"] = "no_improvement"
+    assert not any(x.startswith("the budget ran out") for x in summary_lines(rec))
+    explored = [base, probe, one, one, one]
+    rec = _recommendation(trials=explored)
+    assert not any(x.startswith("the budget ran out") for x in summary_lines(rec))
 
 
 def test_summary_lines_say_a_resumed_study_held_earlier_trials() -> None:
