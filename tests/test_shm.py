@@ -115,3 +115,62 @@ def test_children_killed_in_process_leave_no_file() -> None:
             kid.wait()
             for f in _files(kid.pid):
                 f.unlink()
+
+
+# A trial process: starts a "worker" (which leaves a file named after itself) at once, and
+# another each time a line comes on stdin; prints each worker's pid.
+TRIAL = """
+import subprocess, sys
+leave = "import os, time; open(f'/dev/shm/torch_{os.getpid()}_%s_0', 'wb').write(b'x'); "
+leave += "print('ok', flush=True); time.sleep(60)"
+def worker():
+    w = subprocess.Popen([sys.executable, "-c", leave % sys.argv[1]], stdout=subprocess.PIPE)
+    w.stdout.readline()
+    print(w.pid, flush=True)
+    return w
+kept = [worker()]
+for _ in sys.stdin:
+    kept.append(worker())
+"""
+
+
+def test_a_worker_killed_during_a_trial_leaves_no_file_but_older_processes_keep_theirs() -> None:
+    """The OOM killer ends a worker mid-batch, not loadertune: the supervisor removes what the
+    trial's dead processes left when the trial ends, and leaves alone those of processes that
+    were there before the trial (a user's own, in an in-process trial)."""
+    from loadertune.trials.runner import Limits
+    from loadertune.trials.supervisor import Supervisor
+
+    tag = str(time.monotonic_ns())
+    trial = subprocess.Popen(
+        [sys.executable, "-c", TRIAL, tag],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert trial.stdin is not None and trial.stdout is not None
+    try:
+        older = int(trial.stdout.readline())
+        with Supervisor(trial.pid, limits=Limits(timeout_s=60, startup_s=30, hang_s=5)) as sup:
+            trial.stdin.write("\n")
+            trial.stdin.flush()
+            worker = int(trial.stdout.readline())
+            sup.sampler.window_started()  # the sampler looks at the tree
+            deadline = time.monotonic() + 10
+            while worker not in sup.sampler.seen_pids:
+                assert time.monotonic() < deadline, "the sampler never saw the worker"
+                time.sleep(0.05)
+            for pid in (older, worker):  # both die during the trial, as the OOM killer does
+                psutil.Process(pid).kill()
+            deadline = time.monotonic() + 10
+            while not all(shm._dead(pid) for pid in (older, worker)):
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        assert not _files(worker), "the trial's killed worker left its file"
+        assert _files(older), "a process older than the trial lost its file"
+    finally:
+        kill_group(trial.pid)
+        trial.wait()
+        for f in _files(older):
+            f.unlink()

@@ -242,6 +242,7 @@ class ResourceSampler:
             # the process's own channel and output, as of any other end.
             self._root = None
         self.main_pids: set[int] = set()
+        self.seen_pids: set[int] = set()  # every process of the tree seen, while it lasts
         self._budget = budget_bytes
         self.gpu_index = gpu_index
         self._stop = threading.Event()
@@ -281,7 +282,7 @@ class ResourceSampler:
         is full: a 0.3-s window's workers then read 0% busy."""
         self._window_open = False
         end_unix_us = int(time.time() * 1e6)
-        procs = process_tree(self._root)
+        procs = self._tree()
         mains = self._mains()
         found = _workers(procs, mains)
         memory = _memory_full(_sampled(procs, mains, found))
@@ -336,8 +337,18 @@ class ResourceSampler:
         u.n_workers = len(workers)
         u.worker_pss_bytes = int(statistics.fmean(workers)) if workers else None
 
+    @property
+    def root(self) -> psutil.Process | None:
+        """The tree's root (None: it had ended before it was watched)."""
+        return self._root
+
     def _mains(self) -> set[int]:
         return {self._root_pid, *self.main_pids}
+
+    def _tree(self) -> list[psutil.Process]:
+        procs = process_tree(self._root)
+        self.seen_pids.update(p.pid for p in procs)
+        return procs
 
     def _run(self) -> None:
         # Finding the tree scans every process of the machine and counting descriptors lists
@@ -352,7 +363,7 @@ class ResourceSampler:
                 return
             if self._want_start.is_set():
                 self._want_start.clear()
-                procs = process_tree(self._root)
+                procs = self._tree()
                 memory = _memory_full(_sampled(procs, self._mains()))
                 self._start = _Snapshot(
                     time.monotonic(), _cpu_seconds(procs), memory, _busy_cpu_seconds()
@@ -360,7 +371,7 @@ class ResourceSampler:
             slow = tick % max(1, round(1.0 / self.INTERVAL_S)) == 0
             tick += 1
             if slow or not procs:
-                procs = process_tree(self._root)
+                procs = self._tree()
                 fds = _max_fds(_sampled(procs, self._mains()))
                 self.usage.max_open_files = max(self.usage.max_open_files, fds)
                 with contextlib.suppress(psutil.Error, AttributeError):  # a script may lower it

@@ -13,7 +13,8 @@ from collections.abc import Callable
 
 from loadertune.measure import failures
 from loadertune.measure.failures import Failure, FailureKind
-from loadertune.measure.resources import ResourceSampler, ResourceUsage
+from loadertune.measure.resources import ResourceSampler, ResourceUsage, process_tree
+from loadertune.trials import shm
 from loadertune.trials.runner import Limits, ShouldStop
 
 # Causes vague enough that what the sampler saw may name a sharper one
@@ -60,13 +61,19 @@ class Supervisor:
         self.workers: int | None = None  # the trial's workers, for messages; None: unknown
         self.started = False  # the first batch arrived
         self.pruned = False
+        self._present: set[int] = set()  # the processes of the tree before the trial
 
     def __enter__(self) -> Supervisor:
+        self._present = {p.pid for p in process_tree(self.sampler.root)}
         self.sampler.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """Stop sampling, and remove what the trial's dead processes left in shared memory (a
+        worker the OOM killer ended mid-batch: :mod:`loadertune.trials.shm`); processes there
+        before the trial are not the trial's."""
         self.sampler.__exit__(*exc)
+        shm.remove_leftovers(self.sampler.seen_pids - self._present)
 
     # -- the meter's sink ------------------------------------------------------------------------
 
