@@ -341,6 +341,7 @@ def tune_script(
             "loader_index": info.get("index"),
             "call_site": info.get("call_site"),
             "key": info.get("key"),
+            "lines": info.get("lines"),
             "dataset": info.get("dataset"),
             "chosen_by": info.get("chosen_by"),
             "rebuilt_by_framework": info.get("origin") is not None,

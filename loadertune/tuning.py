@@ -158,7 +158,7 @@ class Tuner:
 
     def _found(self) -> dict[str, Any]:
         info = self.runner.loader_info
-        keys = ("loader_index", "call_site", "key", "dataset", "epoch_samples")
+        keys = ("loader_index", "call_site", "key", "lines", "dataset", "epoch_samples")
         return {k: info.get(k) for k in keys}
 
     def _save_partial(self, exc: SearchInterrupted) -> None:
@@ -295,7 +295,10 @@ class _TuneScript:
         if self.target is None and self._names(record):
             self.target = record
             self.tuner.runner.loader_info.update(
-                loader_index=record.index, call_site=record.call_site, key=list(record.identity)
+                loader_index=record.index,
+                call_site=record.call_site,
+                key=list(record.identity),
+                lines=list(record.lines),
             )
         if record != self.target:
             return original(loader)
@@ -314,9 +317,9 @@ class _TuneScript:
     def _names(self, record: LoaderRecord) -> bool:
         if self.selector.named:
             return self.selector.names(record)
-        if self.entry is None or self.entry.differs(record) is None:
+        if self.entry is None or self.entry.differs(record, moved=True) is None:
             return True
-        if any(self.entry.differs(r) is None for r in self.apply.created):
+        if any(self.entry.differs(r, moved=True) is None for r in self.apply.created):
             return False  # the entry's loader exists: it is the one to tune, when iterated
         # The entry matches no loader the script created (the script changed since it was
         # measured): tune the first iterated, as without an entry, and say so.

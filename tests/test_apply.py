@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
+from pathlib import Path
 
 from torch.utils.data import DataLoader
 
 from loadertune.trials.apply import ApplySaved, SavedEntry
+from loadertune.trials.identity import LoaderRecord
 from loadertune.trials.lifeline import DieWithTrial
 from loadertune.trials.patch import patched
 
@@ -201,3 +204,86 @@ def test_more_workers_than_cpus_is_told_once_not_warned_by_torch(recwarn) -> Non
         assert sum(1 for _ in other) == 8
     assert [w for w in recwarn if "worker processes in total" in str(w.message)]
     assert len([line for line in lines if f"{cpus + 1} workers on {cpus} CPUs" in line]) == 1
+
+
+def _run_file(path: Path, entries: list[SavedEntry]) -> tuple[dict, list[str], ApplySaved]:
+    """The script from a real file: the entries' texts are read from it, as in a real run."""
+    lines: list[str] = []
+    controller = ApplySaved(entries, report=lines.append)
+    namespace: dict = {"__name__": "__main__"}
+    with patched(controller):
+        exec(compile(path.read_text(), str(path), "exec"), namespace)
+    return namespace, lines, controller
+
+
+def _entry_for(record: LoaderRecord, kwargs: dict = KWARGS) -> SavedEntry:
+    return SavedEntry(
+        "script mytrain.py",
+        dict(kwargs),
+        call_site=record.call_site,
+        key=record.identity,
+        dataset=record.dataset,
+        lines=record.lines,
+    )
+
+
+TWO = textwrap.dedent("""
+    from torch.utils.data import DataLoader
+    from workloads import TensorDataset
+
+    train = DataLoader(TensorDataset(n=32), batch_size=4)
+    val = DataLoader(TensorDataset(n=32), batch_size=8)
+""")
+
+
+def test_an_edit_above_the_loader_moves_it_and_its_entry_follows(tmp_path: Path) -> None:
+    """Lines added or removed above a loader do not lose its saved settings; the loader now at
+    the entry's old line is not taken for it (before the texts, it was: same line, same dataset)."""
+    path = tmp_path / "mytrain.py"
+    path.write_text(SCRIPT)
+    _, _, found = _run_file(path, [])
+    train = found.created[0]
+    assert train.lines[:2] == (
+        "return DataLoader(ds, batch_size=bs)",
+        "train = make(TensorDataset(n=32), 4)",
+    )
+    path.write_text("# a comment\nimport os\n" + SCRIPT)  # two lines above
+    ns, lines, controller = _run_file(path, [_entry_for(train)])
+    assert (ns["train"].batch_size, ns["train"].num_workers) == (16, 2)
+    assert (ns["val"].batch_size, ns["val"].num_workers) == (8, 0)
+    assert any(f"(measured at {train.call_site})" in line for line in lines), lines
+    assert controller.unapplied() == []
+
+    path.write_text(TWO)
+    _, _, found = _run_file(path, [])
+    entry = _entry_for(found.created[0])  # train, at line 5
+    path.write_text(TWO[1:])  # one line fewer above: val is now at line 5, train at 4
+    ns, lines, _ = _run_file(path, [entry])
+    assert ns["train"].num_workers == 2 and ns["val"].num_workers == 0
+    assert any("reads otherwise" in line and "not changed" in line for line in lines), lines
+
+
+def test_an_entry_at_the_loaders_own_lines_wins_over_one_that_follows_it(tmp_path: Path) -> None:
+    path = tmp_path / "mytrain.py"
+    path.write_text(TWO)
+    _, _, found = _run_file(path, [])
+    old = _entry_for(found.created[0])
+    path.write_text("\n\n" + TWO)
+    _, _, found = _run_file(path, [])
+    new = _entry_for(found.created[0], {**KWARGS, "num_workers": 3})  # searched again after
+    for entries in ([old, new], [new, old]):
+        fresh = [dataclasses.replace(e, applied=[]) for e in entries]
+        ns, _, _ = _run_file(path, fresh)
+        assert ns["train"].num_workers == 3
+
+
+def test_the_loaders_own_line_edited_is_measured_again(tmp_path: Path) -> None:
+    path = tmp_path / "mytrain.py"
+    path.write_text(TWO)
+    _, _, found = _run_file(path, [])
+    entry = _entry_for(found.created[0])
+    path.write_text(TWO.replace("batch_size=4)", "batch_size=4, shuffle=True)"))
+    ns, lines, controller = _run_file(path, [entry])
+    assert ns["train"].num_workers == 0
+    assert any("its code reads otherwise now" in line for line in lines), lines
+    assert controller.unapplied()

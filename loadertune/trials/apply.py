@@ -11,6 +11,12 @@ differs, and not changed (once per reason: the Hugging Face ``Trainer`` creates 
 evaluation loader at every evaluation); an entry that matched nothing is named at the end,
 with the loaders the script did create. Every loader's workers, changed or not, die with the run
 however it dies (:mod:`loadertune.trials.lifeline`), as a trial's do.
+
+An edit above a loader moves its lines: an entry still names it when the loader's line and the
+one that led to it read as they did when it was measured (:func:`~loadertune.trials.identity.
+same_code`; the run says where it was measured). A loader that matches an entry at its own lines
+takes that entry before one that matches only by text (an entry the search saved after the edit
+wins over the older one).
 """
 
 from __future__ import annotations
@@ -25,7 +31,13 @@ from loadertune.config import Config, kwargs_label
 from loadertune.hardware import usable_cpus
 from loadertune.trials import lifeline
 from loadertune.trials import loader as dl
-from loadertune.trials.identity import LoaderRecord, matches_site, ordinal, same_key
+from loadertune.trials.identity import (
+    LoaderRecord,
+    matches_site,
+    ordinal,
+    same_code,
+    same_key,
+)
 from loadertune.trials.patch import OriginalIter
 
 
@@ -39,6 +51,7 @@ class SavedEntry:
     key: tuple[str, ...] | None = None
     dataset: str | None = None
     index: int | None = None  # order of creation (entries that record nothing else)
+    lines: tuple[str, ...] = ()  # the text of the key's user frames (LoaderRecord.lines)
     applied: list[LoaderRecord] = field(default_factory=list)
 
     @classmethod
@@ -46,6 +59,7 @@ class SavedEntry:
         workload = entry.get("workload")
         workload = workload if isinstance(workload, dict) else {}
         key = workload.get("key")
+        lines = workload.get("lines")
         return cls(
             name=name,
             loader_kwargs=dict(entry["loader_kwargs"]),
@@ -53,13 +67,16 @@ class SavedEntry:
             key=tuple(key) if isinstance(key, list) and key else None,
             dataset=workload.get("dataset") or None,
             index=workload.get("loader_index") if not workload.get("call_site") else None,
+            lines=tuple(lines) if isinstance(lines, list) else (),
         )
 
-    def differs(self, record: LoaderRecord) -> str | None:
-        """Why ``record`` is not this entry's loader (None: it is)."""
+    def differs(self, record: LoaderRecord, *, moved: bool = False) -> str | None:
+        """Why ``record`` is not this entry's loader (None: it is); ``moved``: also when an edit
+        has moved its lines (:meth:`moved_to`)."""
         if self.call_site is None:
             return None if record.index == (self.index or 1) else "another loader"
-        if not matches_site(record.call_site, self.call_site):
+        at_site = matches_site(record.call_site, self.call_site)
+        if not at_site and not (moved and self.moved_to(record)):
             return f"created at {record.call_site}, not {self.call_site}"
         if self.dataset and record.dataset and record.dataset != self.dataset:
             return f"it loads {record.dataset}, the entry was measured on {self.dataset}"
@@ -68,11 +85,24 @@ class SavedEntry:
                 f"it is DataLoader #{record.index}, not the one the entry was measured on, of "
                 f"the loaders created together at {record.call_site}"
             )
-        if self.key is not None and not same_key(record.identity, self.key, user_frames=2):
+        if self.key is None:
+            return None
+        same = same_code(record.identity, record.lines, self.key, self.lines)
+        if same is not None:  # the code decides, wherever its lines are now
+            return None if same else "its code reads otherwise now than when it was measured"
+        if not same_key(record.identity, self.key, user_frames=2):
             pairs = zip(record.identity, self.key, strict=False)
             mine, theirs = next(((a, b) for a, b in pairs if a != b), ("another way", "another"))
             return f"it was created by {mine}, the entry's loader by {theirs}"
         return None
+
+    def moved_to(self, record: LoaderRecord) -> bool:
+        """``record`` is this entry's loader at other lines: its code reads as it did."""
+        return (
+            self.key is not None
+            and not matches_site(record.call_site, self.call_site or "")
+            and same_code(record.identity, record.lines, self.key, self.lines) is True
+        )
 
     def label(self) -> str:
         return kwargs_label(self.loader_kwargs)
@@ -103,10 +133,13 @@ class ApplySaved:
     def on_create(self, record: LoaderRecord, arguments: dict[str, Any]) -> dict[str, Any]:
         self.created.append(record)
         arguments = lifeline.wrap_worker_init(arguments)  # its workers die with the run
+        entry = self.entry_of(record)
+        if entry is not None:
+            return self._apply(entry, record, arguments)
         for entry in self.entries:
             why = entry.differs(record)
-            if why is None:
-                return self._apply(entry, record, arguments)
+            if why is None:  # (entry_of found none)
+                continue
             said = (entry.name, why)
             if entry.call_site and matches_site(record.call_site, entry.call_site):
                 if said in self._said:
@@ -119,11 +152,21 @@ class ApplySaved:
                 )
         return arguments
 
+    def entry_of(self, record: LoaderRecord) -> SavedEntry | None:
+        """The entry measured on ``record``: one at its own lines first, else one whose code
+        an edit has moved; None."""
+        for moved in (False, True):
+            for entry in self.entries:
+                if entry.differs(record, moved=moved) is None:
+                    return entry
+        return None
+
     def _apply(
         self, entry: SavedEntry, record: LoaderRecord, arguments: dict[str, Any]
     ) -> dict[str, Any]:
         if not entry.applied:  # once: its re-creations and rebuilt copies get it silently
-            self.report(f"loadertune: DataLoader {record.describe()}: {entry.label()}")
+            moved = f" (measured at {entry.call_site})" if entry.moved_to(record) else ""
+            self.report(f"loadertune: DataLoader {record.describe()}: {entry.label()}{moved}")
         entry.applied.append(record)
         own = arguments.get("batch_size", 1)
         config = Config.from_kwargs(entry.loader_kwargs, batch_size=own if own else 1)

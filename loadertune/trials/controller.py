@@ -217,6 +217,7 @@ class TrialController:
                 index=record.index,
                 call_site=record.call_site,
                 key=list(record.identity),
+                lines=list(record.lines),
                 origin=record.origin,
                 chosen_by=self._chosen_by,
                 settings=settings.loader_kwargs(),

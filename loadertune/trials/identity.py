@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import linecache
 import os
 import re
 import site
@@ -117,6 +118,9 @@ class LoaderRecord:
             when not given.
         origin: the index of the loader it was rebuilt from, or None.
         dataset: ``module.QualifiedName`` of its dataset's class.
+        lines: the source text of the key's user frames, innermost first (stripped; "" where
+            the file cannot be read): what still names the loader once an edit above it has
+            moved its lines (:func:`same_code`).
     """
 
     index: int
@@ -124,6 +128,7 @@ class LoaderRecord:
     key: tuple[str, ...] = field(default=(), compare=False)
     origin: int | None = field(default=None, compare=False)
     dataset: str = field(default="", compare=False)
+    lines: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def identity(self) -> tuple[str, ...]:
@@ -216,6 +221,7 @@ def describe_creation(
     framework: list[str] = []  # library frames between the constructor and the user's code
     first_site: str | None = None
     user: list[str] = []
+    lines: list[str] = []
     origin: LoaderRecord | None = None
     while frame is not None:
         path = frame.f_code.co_filename
@@ -226,6 +232,8 @@ def describe_creation(
             continue  # a framework's wrapper of __init__): the loader is being built there
         if is_user_file(path):
             user.append(f"{_display(path)}:{frame.f_lineno}")
+            linecache.checkcache(path)  # the file as it is now (a test may rewrite it)
+            lines.append(linecache.getline(path, frame.f_lineno).strip())
         elif not user:
             framework.append(f"{_library_name(path)}:{frame.f_code.co_name}")
             if origin is None:
@@ -235,9 +243,11 @@ def describe_creation(
         frame = frame.f_back
     name = dataset_name(dataset)
     if origin is not None:
-        return LoaderRecord(index, origin.call_site, origin.identity, origin.index, name)
+        return LoaderRecord(
+            index, origin.call_site, origin.identity, origin.index, name, origin.lines
+        )
     site_ = user[0] if user else (first_site or "<unknown>:0")
-    return LoaderRecord(index, site_, (*framework, *user) or (site_,), None, name)
+    return LoaderRecord(index, site_, (*framework, *user) or (site_,), None, name, tuple(lines))
 
 
 def matches_site(site: str, wanted: str) -> bool:
@@ -267,6 +277,32 @@ def same_key(a: Sequence[str], b: Sequence[str], *, user_frames: int | None = No
         framework_a == framework_b
         and len(user_a) == len(user_b)
         and all(x == y or matches_site(x, y) for x, y in zip(user_a, user_b, strict=True))
+    )
+
+
+def same_code(
+    a: Sequence[str], a_lines: Sequence[str], b: Sequence[str], b_lines: Sequence[str]
+) -> bool | None:
+    """Whether two keys name the same code, wherever its lines are now: the framework's
+    functions equal, and the two innermost of the user's frames (the loader's line and the one
+    that led to it, as :func:`same_key` compares) in files of the same name, reading the same
+    (``a_lines`` and ``b_lines``: :attr:`LoaderRecord.lines`). None when a text is unknown
+    (a file that could not be read, an entry saved before texts were)."""
+    framework_a = [x for x in a if not _is_line(x)]
+    framework_b = [y for y in b if not _is_line(y)]
+    user_a = [x for x in a if _is_line(x)][:2]
+    user_b = [y for y in b if _is_line(y)][:2]
+    texts_a, texts_b = list(a_lines[: len(user_a)]), list(b_lines[: len(user_b)])
+    if len(texts_a) < len(user_a) or len(texts_b) < len(user_b) or not all(texts_a + texts_b):
+        return None
+    return (
+        framework_a == framework_b
+        and len(user_a) == len(user_b)
+        and all(
+            os.path.basename(x.rpartition(":")[0]) == os.path.basename(y.rpartition(":")[0])
+            for x, y in zip(user_a, user_b, strict=True)
+        )
+        and texts_a == texts_b
     )
 
 

@@ -48,6 +48,7 @@ class LoaderMsg(TypedDict):
     index: int  # order of creation, from 1
     call_site: str  # FILE:LINE of the user's own code that created it (or its origin)
     key: list[str]  # what identifies it from run to run (trials.identity)
+    lines: list[str]  # the text of the key's user frames (LoaderRecord.lines)
     origin: int | None  # the loader it was rebuilt from (by a framework), if any
     chosen_by: str  # how the first trial found it: "--loader", "the optimizer", ...
     settings: dict[str, Any]  # Config.loader_kwargs() of the loader
