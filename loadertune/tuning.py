@@ -265,12 +265,17 @@ def _settings(settings: SearchSettings | None, budget_s: float, study: str) -> S
     )
 
 
+FIRST_WITH_GRAD = "the first the script iterates with gradients on (`--loader N` picks another)"
+
+
 class _TuneScript:
     """The patch controller of ``loadertune run --tune``: the saved settings (if any) applied
     where the script creates its loaders (every loader's workers die with the run: ``apply``),
     and the target loader tuned when first iterated: the one ``loader`` names (its order of
     creation, or ``FILE:LINE``), else the saved entry's loader (``entry``), else the first
-    iterated."""
+    iterated with gradients on (an evaluation before training, such as Lightning's sanity
+    check, iterates its loader under ``torch.no_grad()`` or inference mode). Which one is
+    said, as ``search`` says it."""
 
     def __init__(
         self,
@@ -285,6 +290,7 @@ class _TuneScript:
         spec = {"index": loader} if isinstance(loader, int) else {"call_site": loader}
         self.selector = Selector(spec)  # names none without ``loader``
         self.target: LoaderRecord | None = None
+        self._chosen_by = ""
 
     def on_create(self, record: LoaderRecord, arguments: dict[str, Any]) -> dict[str, Any]:
         return self.apply.on_create(record, arguments)
@@ -299,6 +305,20 @@ class _TuneScript:
                 call_site=record.call_site,
                 key=list(record.identity),
                 lines=list(record.lines),
+            )
+            from loadertune.trials.identity import target_line
+
+            self.apply.report(
+                "loadertune: tuning "
+                + target_line(
+                    index=record.index,
+                    call_site=record.call_site,
+                    dataset=record.dataset,
+                    batch_size=loader.batch_size,
+                    chosen_by=self._chosen_by,
+                    rebuilt=record.origin is not None,
+                    key=record.identity,
+                )
             )
         if record != self.target:
             return original(loader)
@@ -315,9 +335,18 @@ class _TuneScript:
         return f"loadertune: nothing was tuned: {why}"
 
     def _names(self, record: LoaderRecord) -> bool:
+        import torch
+
         if self.selector.named:
+            self._chosen_by = "--loader"
             return self.selector.names(record)
-        if self.entry is None or self.entry.differs(record, moved=True) is None:
+        if self.entry is not None and self.entry.differs(record, moved=True) is None:
+            self._chosen_by = f"the loader {self.entry.name} was measured on"
+            return True
+        if not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
+            return False  # an evaluation (Lightning's sanity check before training): not this
+        if self.entry is None:
+            self._chosen_by = FIRST_WITH_GRAD
             return True
         if any(self.entry.differs(r, moved=True) is None for r in self.apply.created):
             return False  # the entry's loader exists: it is the one to tune, when iterated
@@ -325,10 +354,10 @@ class _TuneScript:
         # measured): tune the first iterated, as without an entry, and say so.
         self.apply.report(
             f"loadertune: no DataLoader of this run is the one {self.entry.name} was measured "
-            f"on {self.entry.where()}; tuning DataLoader {record.describe()}, the first the "
-            "script iterates (`--loader N` picks another)"
+            f"on {self.entry.where()}; tuning the first the script iterates with gradients on"
         )
         self.entry = None
+        self._chosen_by = FIRST_WITH_GRAD
         return True
 
 

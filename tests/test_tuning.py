@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -267,10 +268,15 @@ def test_run_tune_keeps_the_batch_size_once_the_script_asked_the_loader_length(
     assert [e["batches"] for e in epochs] == [30] * 40
 
 
-def test_run_tune_tunes_a_moved_loader_when_the_saved_entry_matches_none(tmp_path: Path) -> None:
-    """The script changed after its entry was measured (a line added above its loader): the
-    entry matches no loader, and the run tunes the loader it iterates and says so, rather than
-    tuning nothing in silence; the stale entry is named at the end."""
+@pytest.mark.parametrize("edit", ["above", "its_line"])
+def test_run_tune_follows_a_moved_loader_and_says_when_its_line_changed(
+    tmp_path: Path, edit: str
+) -> None:
+    """The script changed after its entry was measured. A line added above the loader moves
+    it: the entry still names it by its text, and the run tunes it as that entry's loader. The
+    loader's own line edited: the entry matches no loader, and the run tunes the loader it
+    iterates and says so, rather than tuning nothing in silence; the stale entry is named at
+    the end."""
     import shutil
 
     for name in ("counts.py", "_data.py"):
@@ -281,14 +287,55 @@ def test_run_tune_tunes_a_moved_loader_when_the_saved_entry_matches_none(tmp_pat
     assert first.returncode == 0, first.stderr[-3000:]
     (old,) = store.entries_for(rec, hardware.current_key())
     source = (tmp_path / "counts.py").read_text()
-    (tmp_path / "counts.py").write_text("# a line added since\n" + source)
+    if edit == "above":
+        source = "# a line added since\n" + source
+    else:
+        source = source.replace("shuffle=True, **own)", "shuffle=True, drop_last=False, **own)")
+    (tmp_path / "counts.py").write_text(source)
     proc = _loadertune("run", "--tune", "--budget", "3", "--file", str(rec), *script)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"no DataLoader of this run is the one {old} was measured on" in proc.stderr
     assert "tuned in" in proc.stderr or "ended before the tuning" in proc.stderr, proc.stderr
-    assert f"for {old}; not applied" in proc.stderr, proc.stderr
+    if edit == "above":
+        assert f"the loader {old} was measured on" in proc.stderr, proc.stderr
+        assert re.search(r"\(measured at \S*counts\.py:17\)", proc.stderr), proc.stderr
+        assert "not applied" not in proc.stderr, proc.stderr
+    else:
+        assert f"no DataLoader of this run is the one {old} was measured on" in proc.stderr
+        assert "the first the script iterates with gradients on" in proc.stderr
+        assert f"{old}: no DataLoader the script created matches" in proc.stderr, proc.stderr
     entries = store.entries_for(rec, hardware.current_key())
-    assert len(entries) == 2 and old in entries
+    assert len(entries) == (2 if edit == "above" else 1)
+    assert old in entries
+
+
+def test_run_tune_leaves_a_loader_iterated_without_gradients_to_the_one_that_trains(
+    tmp_path: Path,
+) -> None:
+    """An evaluation before training (Lightning's sanity check; a script's baseline accuracy)
+    iterates its loader under ``torch.no_grad()``: the run tunes the first loader iterated with
+    gradients on, and says which."""
+    script = tmp_path / "eval_first.py"
+    script.write_text(
+        "import time\n"
+        "import torch\n"
+        "from torch.utils.data import DataLoader, TensorDataset\n"
+        "data = TensorDataset(torch.arange(512.0))\n"
+        "val = DataLoader(data, batch_size=64)\n"
+        "train = DataLoader(data, batch_size=16, shuffle=True)\n"
+        "for epoch in range(400):\n"
+        "    with torch.no_grad():\n"
+        "        for batch in val:\n"
+        "            pass\n"
+        "    for batch in train:\n"
+        "        time.sleep(0.001)\n"
+    )
+    rec = tmp_path / "r.json"
+    proc = _loadertune("run", "--tune", "--budget", "3", "--file", str(rec), str(script))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"tuning DataLoader #2 at \S*eval_first\.py:6 ", proc.stderr), proc.stderr
+    assert "the first the script iterates with gradients on" in proc.stderr
+    ((key, entry),) = store.entries_for(rec, hardware.current_key()).items()
+    assert entry["workload"]["loader_index"] == 2, key
 
 
 def test_torchs_warning_about_the_scripts_own_loader_comes_once_not_every_epoch(
