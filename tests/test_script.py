@@ -50,6 +50,15 @@ def run(
         runner.close()
 
 
+def test_of_loaders_zipped_into_each_step_the_one_with_the_longer_epoch_is_tuned() -> None:
+    """``zip(main, itertools.cycle(aux))``: the auxiliary loader yields last before each step
+    of its first pass; the main loader, whose epoch the training's is, is the one found."""
+    result = run("zip_cycle.py", None, phase="baseline")
+    assert result.ok, result.failure
+    assert result.extra["loader"]["index"] == 1, result.extra["loader"]
+    assert result.extra["loader"]["chosen_by"] == "the optimizer"
+
+
 def test_the_scripts_own_settings_are_measured() -> None:
     result = run("train_val.py", None, phase="baseline")
     assert result.ok, result.failure

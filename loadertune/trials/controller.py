@@ -86,7 +86,7 @@ class TrialController:
         self._script_batch_size: dict[int, Any] = {}  # per loader, as the script built it
         self._records: list[LoaderRecord] = []  # in order of creation
         self._chosen_by = "--loader" if self.selector.named else ""
-        self.watch = None if self.selector.named else FeedWatch(self._fed)
+        self.watch = None if self.selector.named else FeedWatch(self._fed, self._epoch_samples)
 
     @property
     def loader(self) -> DataLoader[Any] | None:
@@ -183,6 +183,10 @@ class TrialController:
             candidate = self._metered(loader, record, original, sink=HeldSink(self.sink))
             self._candidates[record.identity] = candidate
         return candidate.epoch(loader, record, original)
+
+    def _epoch_samples(self, key: tuple[str, ...]) -> int | None:
+        candidate = self._candidates.get(key)
+        return dl.epoch_samples(candidate.loader) if candidate is not None else None
 
     def _fed(self, key: tuple[str, ...]) -> None:
         """The optimizer stepped on batches of loader ``key``: it is the one. A window that

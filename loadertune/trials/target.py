@@ -4,7 +4,10 @@ Named by the user (``--loader N``, ``--loader FILE:LINE``) or by the first trial
 key of the loader it found, :mod:`loadertune.trials.identity`), or else found the way the user
 means it: **the loader that feeds the optimizer**. Every ``optimizer.step()`` (torch's global
 step hook, so every optimizer of every framework) is fed by the loader that yielded the last
-batch before it; the first loader to feed two steps is the training loader. Lightning's sanity
+batch before it, or, when several yielded since the step before (a loop over ``zip(main,
+itertools.cycle(aux))``, whose ``aux`` yields last), by the one of them with the most samples
+per epoch: it sets the epoch's length; the first loader to feed two steps is the training
+loader. Lightning's sanity
 check iterates the validation loader first, and evaluation loops iterate other loaders between
 epochs: none of them is stepped on.
 
@@ -50,32 +53,41 @@ class FeedWatch:
     """Finds the loader that feeds the optimizer (see the module docstring).
 
     Call :meth:`yielded` for each batch a loader yields until :attr:`fed` is set. At each
-    optimizer step, the loader that yielded the last batch gets a vote; the first to get
-    ``VOTES`` is the one (so that a batch of another loader drawn inside a training step, now
-    and then, does not decide). ``on_found`` is called once with its key, from inside
-    ``optimizer.step()``.
+    optimizer step, the loader that yielded the last batch gets a vote, or of several that
+    yielded since the step before, the one with the most samples per epoch (``epoch_samples``
+    of its key; unknown counts as none); the first to get ``VOTES`` is the one (so that a batch
+    of another loader drawn inside a training step, now and then, does not decide).
+    ``on_found`` is called once with its key, from inside ``optimizer.step()``.
     """
 
     VOTES = 2
 
-    def __init__(self, on_found: Callable[[tuple[str, ...]], None]) -> None:
+    def __init__(
+        self,
+        on_found: Callable[[tuple[str, ...]], None],
+        epoch_samples: Callable[[tuple[str, ...]], int | None] = lambda key: None,
+    ) -> None:
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
         self._on_found = on_found
+        self._epoch_samples = epoch_samples
         self._votes: dict[tuple[str, ...], int] = {}
-        self._last: tuple[str, ...] | None = None
+        self._since: dict[tuple[str, ...], None] = {}  # yielded since the last step, in order
         self.steps = 0
         self.fed: tuple[str, ...] | None = None
         self._handle = register_optimizer_step_pre_hook(self._on_step)
 
     def yielded(self, key: tuple[str, ...]) -> None:
-        self._last = key
+        self._since.pop(key, None)
+        self._since[key] = None  # the last to yield, last
 
     def _on_step(self, optimizer: object, args: object, kwargs: object) -> None:
         self.steps += 1
-        key = self._last
-        if self.fed is not None or key is None:
+        since, self._since = list(self._since), {}
+        if self.fed is not None or not since:
             return
+        # the last to yield, unless another of those since the step before has a longer epoch
+        key = max(reversed(since), key=lambda k: self._epoch_samples(k) or 0)
         self._votes[key] = self._votes.get(key, 0) + 1
         if self._votes[key] >= self.VOTES:
             self.fed = key
