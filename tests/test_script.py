@@ -59,6 +59,16 @@ def test_of_loaders_zipped_into_each_step_the_one_with_the_longer_epoch_is_tuned
     assert result.extra["loader"]["chosen_by"] == "the optimizer"
 
 
+def test_workers_slow_to_start_are_not_taken_for_hung() -> None:
+    """The DataLoader's own timeout bounds the first batch too, which waits for the workers to
+    start: at the hang limit (1 s here), workers that take 2.5 s to start (as under 'spawn')
+    failed as hung; the start-up limit is theirs."""
+    limits = Limits(timeout_s=60, startup_s=30, hang_s=1)
+    for config in (None, Config(16, 3, 2)):  # the script's own loader; a setting of the search
+        result = run("slow_start.py", config, limits=limits)
+        assert result.ok, result.failure
+
+
 def test_the_scripts_own_settings_are_measured() -> None:
     result = run("train_val.py", None, phase="baseline")
     assert result.ok, result.failure

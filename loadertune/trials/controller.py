@@ -112,7 +112,7 @@ class TrialController:
             return arguments
         out = dl.apply_settings(arguments, self.config)
         if self.config.num_workers and not out.get("timeout"):
-            out["timeout"] = self.spec["hang_s"]  # a hung worker becomes an error in next()
+            out["timeout"] = self.spec["worker_timeout_s"]  # a hung worker: an error in next()
         return out
 
     def on_iter(

@@ -100,7 +100,7 @@ class Step:
     window: WindowSpec | None = None
     phase: str = "search"
     sink: Sink | None = None
-    hang_s: float | None = None
+    worker_timeout_s: float | None = None  # the DataLoader's timeout (Limits.worker_timeout_s)
 
 
 @dataclass
@@ -341,7 +341,9 @@ class HotSwap:
             why = f"drop_last=True with {n} samples < batch_size {step.config.batch_size}"
             self.conductor.finished(Outcome(step, no_batches=why, epoch_samples=0))
             return None
-        segment = Segment(self.loader, step.config, regroup=self.regroup, timeout_s=step.hang_s)
+        segment = Segment(
+            self.loader, step.config, regroup=self.regroup, timeout_s=step.worker_timeout_s
+        )
         self._show(step.config)
         segment.order = order
         replayed = segment.first_batch_unreceived() if step.phase == "replay" else None

@@ -159,7 +159,7 @@ class InlineRunner(BaseRunner):
         # the workers die with this process, even SIGKILLed (see lifeline)
         kwargs = lifeline.wrap_worker_init(dl.apply_settings(self.fixed, config))
         if config.num_workers and not kwargs.get("timeout"):
-            kwargs["timeout"] = limits.hang_s  # a hung worker becomes a clean error in next()
+            kwargs["timeout"] = limits.worker_timeout_s  # a hung worker: a clean error in next()
         return DataLoader(self.dataset, **kwargs)
 
     def _batches(self, loader: DataLoader[Any], config: Config, replay: bool) -> Any:

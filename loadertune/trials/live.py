@@ -123,7 +123,7 @@ class LiveConductor:
             window,
             phase=slot.request.phase,
             sink=_Sink(sup, slot),
-            hang_s=slot.request.limits.hang_s,
+            worker_timeout_s=slot.request.limits.worker_timeout_s,
         )
 
     def _length_asked(self) -> None:

@@ -135,7 +135,7 @@ class RunMsg(TypedDict):
     phase: str
     window_s: float
     whole_epoch: bool  # the window is an epoch (WindowSpec.whole_epoch)
-    hang_s: float
+    worker_timeout_s: float  # the DataLoader's timeout (Limits.worker_timeout_s)
 
 
 Message = (

@@ -49,6 +49,17 @@ class Limits:
     memory_budget_bytes: int | None = None
     rest_s: float | None = None
 
+    @property
+    def worker_timeout_s(self) -> float:
+        """The ``timeout`` a trial's DataLoader gets (a hung worker becomes an error in
+        ``next()``): it bounds every wait for a batch, the first of an epoch included, which
+        waits for the workers to start. Under ``spawn`` or ``forkserver`` (Python 3.14's
+        default) each worker imports torch and the script again: eight took 4.3 s to their
+        first batch on an idle 2-CPU machine, and a search's ``hang_s`` of 5 s failed them as
+        hung. So it is the start-up limit where that is the longer; a hang after the first
+        batch is still caught at ``hang_s`` by the supervisor where one watches the trial."""
+        return max(self.hang_s, self.startup_s)
+
 
 @dataclass
 class TrialResult:

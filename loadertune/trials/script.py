@@ -215,7 +215,7 @@ class ScriptRunner(BaseRunner):
             "phase": request.phase,
             "window_s": request.window.window_s,
             "whole_epoch": request.window.whole_epoch,
-            "hang_s": request.limits.hang_s,
+            "worker_timeout_s": request.limits.worker_timeout_s,
         }
 
     def _launch_spec(self, trial: dict[str, Any]) -> dict[str, Any]:

@@ -60,8 +60,9 @@ class ChannelConductor:
 
     Args:
         chan: the channel to the search.
-        first: the first trial (the spec's ``overrides``, ``phase``, ``window_s``, ``hang_s``);
-            None: the first comes as a RunMsg (the process's first trial ran otherwise).
+        first: the first trial (the spec's ``overrides``, ``phase``, ``window_s``,
+            ``worker_timeout_s``); None: the first comes as a RunMsg (the process's first trial
+            ran otherwise).
         own: the script's own settings (a trial without overrides runs them).
         own_batch_size: the batch size the script gave (a setting that yields no batch at
             another one is the search's choice, not the script's bug).
@@ -99,7 +100,7 @@ class ChannelConductor:
             ),
             phase=spec["phase"],
             sink=self._make_sink(),
-            hang_s=spec["hang_s"],
+            worker_timeout_s=spec["worker_timeout_s"],
         )
         return self.step
 
