@@ -174,3 +174,42 @@ def test_a_worker_killed_during_a_trial_leaves_no_file_but_older_processes_keep_
         trial.wait()
         for f in _files(older):
             f.unlink()
+
+
+SPAWNED = """
+import torch
+from torch.utils.data import DataLoader, Dataset
+class D(Dataset):
+    def __len__(self): return 10**6
+    def __getitem__(self, i): return torch.zeros(10)
+if __name__ == "__main__":
+    it = iter(DataLoader(D(), batch_size=4, num_workers=2, multiprocessing_context="spawn"))
+    next(it)
+    print("ready", flush=True)
+    for _ in it: pass
+"""
+
+
+def test_a_spawn_context_loaders_semaphores_are_unlinked_when_its_group_is_killed(
+    tmp_path: Path,
+) -> None:
+    """Its queues' named semaphores are unlinked only by multiprocessing's resource tracker,
+    which kill_group leaves to the last, so that it cleans up after the others (it left 14 per
+    killed group)."""
+    script = tmp_path / "spawned.py"
+    script.write_text(SPAWNED)
+    before = set(shm.SHM_DIR.glob("sem.*"))
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, start_new_session=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline()
+    assert any(
+        "multiprocessing.resource_tracker" in " ".join(psutil.Process(pid).cmdline())
+        for pid in group_members(proc.pid)
+    ), "no resource tracker in the group: the test tests nothing"
+    assert kill_group(proc.pid) == 0
+    proc.wait(timeout=10)
+    left = set(shm.SHM_DIR.glob("sem.*")) - before
+    for f in left:
+        f.unlink()
+    assert not left, f"semaphores left: {sorted(left)}"

@@ -24,6 +24,7 @@ import psutil
 
 from loadertune.errors import ConfigError
 from loadertune.measure import failures
+from loadertune.measure.resources import multiprocessing_helper
 from loadertune.trials import messages, shm
 from loadertune.trials.channel import Channel
 from loadertune.trials.child import SPEC_ENV
@@ -51,10 +52,30 @@ def check_script(script: str | os.PathLike[str]) -> Path:
     return path
 
 
+HELPER_CLEANUP_S = 2.0  # how long multiprocessing's resource tracker may take to clean up
+
+
 def kill_group(pgid: int, grace_s: float = 3.0) -> int:
     """SIGKILL every process in group ``pgid``, and remove what its dead workers left in shared
-    memory (:mod:`loadertune.trials.shm`); return how many were still alive."""
+    memory (:mod:`loadertune.trials.shm`); return how many were still alive.
+
+    multiprocessing's resource tracker (started by a ``spawn`` or ``forkserver`` context: the
+    named semaphores of the loader's queues, ``/dev/shm/sem.mp-*``, are shared by name and
+    unlinked only by it) is killed last: once every other process is dead it unlinks what they
+    left and ends by itself. Killed with them, it left 14 semaphores per killed trial of a
+    spawn-context loader of 2 workers (``tests/test_shm.py``), 60 in one search."""
     members = set(group_members(pgid))
+    helpers = {pid for pid in members if _helper(pid)}
+    if helpers:
+        for pid in members - helpers:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + grace_s
+        while set(group_members(pgid, living=True)) - helpers and time.monotonic() < deadline:
+            time.sleep(0.05)
+        deadline = time.monotonic() + HELPER_CLEANUP_S
+        while set(group_members(pgid, living=True)) & helpers and time.monotonic() < deadline:
+            time.sleep(0.05)  # it sees its users gone, cleans up and ends
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
     deadline = time.monotonic() + grace_s
@@ -78,6 +99,13 @@ def group_members(pgid: int, *, living: bool = False) -> list[int]:
         for p in psutil.process_iter(["status"])
         if _pgid(p.pid) == pgid and not (living and p.info["status"] == psutil.STATUS_ZOMBIE)
     ]
+
+
+def _helper(pid: int) -> bool:
+    try:
+        return multiprocessing_helper(psutil.Process(pid))
+    except psutil.Error:
+        return False
 
 
 def _pgid(pid: int) -> int | None:
