@@ -511,3 +511,28 @@ def test_a_script_that_printed_nothing_gets_no_empty_output_section() -> None:
     assert with_output("advice", "") == "advice"
     assert with_output("advice", "  \n") == "advice"
     assert with_output("advice", "epoch 1\n") == "advice\n--- script output (tail) ---\nepoch 1\n"
+
+
+def test_a_window_that_received_no_batch_is_a_failure_not_a_rate_of_zero() -> None:
+    from loadertune.config import Config
+    from loadertune.measure.meter import Measurement
+    from loadertune.trials.runner import TrialResult, empty_window
+
+    def result(rate: float) -> TrialResult:
+        m = Measurement(
+            samples_per_s=rate,
+            sub_window_samples_per_s=[rate],
+            blocked_fraction=0.0,
+            first_batch_s=0.01,
+            warmup_s=0.1,
+            window_s=0.75,
+            n_samples=int(rate),
+            n_batches=0,
+            complete=True,
+        )
+        return TrialResult(Config(32, 27, 8), measurement=m)
+
+    empty = empty_window(result(0.0))
+    assert empty.status == "failed" and empty.failure is not None
+    assert "received no batch in 0.75 s" in empty.failure.message
+    assert empty_window(result(123.0)).status == "ok"

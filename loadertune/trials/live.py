@@ -39,7 +39,13 @@ from loadertune.trials import _torch_internals as _internals
 from loadertune.trials import loader as dl
 from loadertune.trials.hotswap import HotSwap, Outcome, Step
 from loadertune.trials.patch import length_asked
-from loadertune.trials.runner import BaseRunner, TrialRequest, TrialResult, window_for
+from loadertune.trials.runner import (
+    BaseRunner,
+    TrialRequest,
+    TrialResult,
+    empty_window,
+    window_for,
+)
 from loadertune.trials.supervisor import Supervisor
 
 
@@ -200,6 +206,7 @@ class LiveConductor:
             result.resources = sup.window_ended(outcome.measurement.window_s)
             result.pruned = sup.pruned
             result.failure = slot.abort
+            empty_window(result)
         elif outcome.no_batches is not None:
             result.failure = Failure(
                 FailureKind.NO_BATCHES,

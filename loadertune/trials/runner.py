@@ -257,6 +257,20 @@ class TrialRequest:
 OnResult = Callable[[TrialResult], bool]  # one trial's result -> go on with the next?
 
 
+def empty_window(result: TrialResult) -> TrialResult:
+    """``result``, failed when its window received no sample: a rate of 0 is no measurement
+    (a new-user trial of a script behind a thread prefetcher recorded one as "ok", 27 workers
+    at 0 samples/s, and the search took it for the slowest setting of all)."""
+    m = result.measurement
+    if result.failure is None and m is not None and not m.samples_per_s > 0:
+        result.failure = Failure(
+            FailureKind.TRIAL_CRASHED,
+            f"the measured window received no batch in {m.window_s:.2f} s: no rate to record",
+            "if it repeats, run the script once with these settings to see what its loop does",
+        )
+    return result
+
+
 class BaseRunner:
     """What both runners do around a trial: time the whole of it (start-up and teardown
     included) and pass on what they know of a sample's size. A runner implements
@@ -280,7 +294,7 @@ class BaseRunner:
         """Measure ``config`` (None: the workload's own settings). ``phase="replay"`` replays one
         cached batch through the step instead of loading."""
         t0 = time.perf_counter()
-        result = self._trial(config, TrialRequest(window, limits, phase, should_stop))
+        result = empty_window(self._trial(config, TrialRequest(window, limits, phase, should_stop)))
         result.bytes_per_sample = self.bytes_per_sample
         result.wall_s = time.perf_counter() - t0
         return result
