@@ -514,22 +514,15 @@ def test_a_script_that_printed_nothing_gets_no_empty_output_section() -> None:
 
 
 def test_a_window_that_received_no_batch_is_a_failure_not_a_rate_of_zero() -> None:
+    import dataclasses
+
+    from test_report import _measurement
+
     from loadertune.config import Config
-    from loadertune.measure.meter import Measurement
     from loadertune.trials.runner import TrialResult, empty_window
 
     def result(rate: float) -> TrialResult:
-        m = Measurement(
-            samples_per_s=rate,
-            sub_window_samples_per_s=[rate],
-            blocked_fraction=0.0,
-            first_batch_s=0.01,
-            warmup_s=0.1,
-            window_s=0.75,
-            n_samples=int(rate),
-            n_batches=0,
-            complete=True,
-        )
+        m = dataclasses.replace(_measurement(rate), window_s=0.75)
         return TrialResult(Config(32, 27, 8), measurement=m)
 
     empty = empty_window(result(0.0))
