@@ -69,6 +69,28 @@ def test_workers_slow_to_start_are_not_taken_for_hung() -> None:
         assert result.ok, result.failure
 
 
+def test_a_validation_inside_the_epoch_is_left_out_of_the_window_and_is_no_hang() -> None:
+    """Every 40 steps the script validates for about 1.2 s, longer than the hang limit (1 s)
+    and than the 40 steps' loading: the validation's batches are signs of life, and its whole
+    pass is left out of the training loader's window (it measured a fifth of the rate)."""
+    limits = Limits(timeout_s=60, startup_s=30, hang_s=1)
+    rates = {}
+    for arg in ("val", "none"):
+        runner = ScriptRunner(SCRIPTS / "val_inside.py", args=[arg], loader=1)
+        try:
+            result = runner.run(
+                Config(16, 2, 2),
+                window=window_for(Config(16, 2, 2), window_s=3.0),
+                limits=limits,
+                phase="search",
+            )
+        finally:
+            runner.close()
+        assert result.ok, result.failure
+        rates[arg] = result.samples_per_s
+    assert rates["val"] > 0.5 * rates["none"], rates
+
+
 def test_the_scripts_own_settings_are_measured() -> None:
     result = run("train_val.py", None, phase="baseline")
     assert result.ok, result.failure

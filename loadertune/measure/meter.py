@@ -36,6 +36,7 @@ SETTLED_WAIT_S = 0.010
 # whole rounds (``WindowSpec.round_batches``).
 ROUNDS_MATTER = 0.05
 _now = time.perf_counter
+WALL_WINDOWS = 4.0  # a window ends once it has lasted this many window_s of wall time
 
 
 class Meter:
@@ -330,7 +331,10 @@ class Meter:
         elapsed = t0 - self._w_start - self._excluded
         running = self._w_samples / elapsed if elapsed > 0 else 0.0
         keep_going = self._sink.progress(len(self._sub_rates) - 1, running)
-        full = self.spec.is_full(elapsed, self._w_batches)
+        # time left out (validations) stretches the window: not past WALL_WINDOWS of it
+        full = self.spec.is_full(elapsed, self._w_batches) or (
+            t0 - self._w_start >= WALL_WINDOWS * self.spec.window_s and self._w_batches > 0
+        )
         if full or not keep_going:
             self._finish(t0, complete=full, stopped_early=not full)
             return t0
@@ -372,6 +376,45 @@ class Meter:
         if self._on_done is not None:
             self._on_done(self._result)
 
+    def place(self) -> tuple[int, int]:
+        """Where the loop is in this meter's batches (its epoch, its batch): unchanged between
+        two calls, the loop asked none of them in between."""
+        return self._n_wraps, self._index_in_epoch
+
+    def beat(self) -> None:
+        """The loop makes progress elsewhere (another loader's pass): a sign of life for the
+        sink, at most one every ``beat_s``, as the meter's own batches give. Not while this
+        loader rests between two of its epochs: that rest is its own, and the sink judges it
+        (a loader iterated too seldom to be measured)."""
+        now = self._clock()
+        if (
+            self._phase != _DONE
+            and self._paused_at is None
+            and now - self._last_beat >= self._beat_s
+        ):
+            self._last_beat = now
+            self._sink.event("beat")
+
+    def left_out(self, seconds: float, since: tuple[int, int]) -> None:
+        """The loop spent ``seconds`` on a whole pass of another loader (a validation inside
+        the training epoch) and asked none of this meter's batches meanwhile (``since``: the
+        :meth:`place` at the pass's start): that time is left out of the window, as a rest
+        between two epochs is. A validation 4 times an epoch took more time than the training's
+        loading in a new user's Lightning script; inside the windows it made sub-window rates
+        spread by 100-170%, and decided which setting won. A whole epoch's window keeps it: each
+        setting's epochs hold the same validations, and such a window ends at the epoch's end,
+        or at twice its expected time where the loop stops by count (Lightning) and never
+        raises StopIteration: in time left out, that took a trial a minute."""
+        if (
+            self._phase == _WINDOW
+            and not self.spec.whole_epoch
+            and self._paused_at is None  # (a rest between epochs is left out at the next one)
+            and since == self.place()
+            and seconds > 0
+        ):
+            self._excluded += seconds
+            self._sub_end += seconds
+
     def finish_now(self) -> Measurement | None:
         """End the window where it stands (the loop ran out of data); None if it never opened."""
         if self._result is not None:
@@ -400,3 +443,32 @@ class Meter:
         if self._result is None:
             raise RuntimeError("the window has not ended; iterate until StopIteration first")
         return self._result
+
+
+def elsewhere(
+    batches: Iterator[Any], meter: Meter | None, length: int | None = None
+) -> Iterator[Any]:
+    """``batches``, another loader's epoch that the loop iterates while ``meter`` measures the
+    tuned one: each batch is a sign of life for ``meter``'s sink (:meth:`Meter.beat`: a
+    validation longer than the hang limit is not a hang), and a whole pass run between two of
+    ``meter``'s batches is left out of its window (:meth:`Meter.left_out`). Whole: to its end,
+    or ``length`` batches (the loader's length: an evaluation loop such as Lightning's stops by
+    count, without asking past the end); a batch or two drawn inside a training step are the
+    step's and stay in. ``batches`` itself when nothing is measured."""
+    if meter is None or meter.done:
+        return batches
+    return _elsewhere(batches, meter, length)
+
+
+def _elsewhere(batches: Iterator[Any], meter: Meter, length: int | None) -> Iterator[Any]:
+    # The pass is whole at its ``length``-th batch: the loop may never ask past it, and drop
+    # the iterator only much later (Lightning does, at its next validation).
+    since, t0, n = meter.place(), _now(), 0
+    for batch in batches:
+        n += 1
+        meter.beat()
+        if n == length:
+            meter.left_out(_now() - t0, since)
+        yield batch
+    if length is None or n < length:  # (a length that was not the pass's: left out at its end)
+        meter.left_out(_now() - t0, since)

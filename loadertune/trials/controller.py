@@ -20,7 +20,7 @@ from typing import Any
 from torch.utils.data import DataLoader, IterableDataset
 
 from loadertune.config import Config
-from loadertune.measure.meter import Measurement, Meter
+from loadertune.measure.meter import Measurement, Meter, elsewhere
 from loadertune.trials import _torch_internals as _internals
 from loadertune.trials import hotswap, lifeline, messages
 from loadertune.trials import loader as dl
@@ -121,7 +121,8 @@ class TrialController:
         if self.target_key is None and self.watch is not None and self.watch.fed is None:
             return self._candidate_epoch(loader, record, original)
         if self.target_key is None or not same_key(record.identity, self.target_key):
-            return original(loader)
+            meter = self.active()[0]  # a validation's pass is left out of its window
+            return elsewhere(original(loader), meter, dl.epoch_batches(loader))
         meter = self.meter
         if self.swap is None and self.conductor is not None and meter is not None and meter.done:
             # the first setting was measured on the loader as it ran and its epoch could not be

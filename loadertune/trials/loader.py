@@ -118,6 +118,14 @@ def batch_size_fixed(batch_sampler: Any) -> str | None:
     )
 
 
+def epoch_batches(loader: DataLoader[Any]) -> int | None:
+    """Batches per epoch, ``len(loader)``; None when unknown (an iterable without a length)."""
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
 def epoch_samples(loader: DataLoader[Any]) -> int | None:
     """Samples per epoch; None when unknown (an iterable without ``__len__``, a batch sampler
     without ``__len__`` or ``batch_size``)."""
