@@ -13,6 +13,7 @@ import json
 import os
 import select
 import socket
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -23,6 +24,7 @@ class Channel:
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
+        self._sending = threading.Lock()  # one message at a time: a loader iterated in a thread
         self._buf = b""
         self.closed = False
 
@@ -49,7 +51,8 @@ class Channel:
         """Send ``msg``; False if the other end is gone."""
         data = (json.dumps(msg, default=str, allow_nan=True) + "\n").encode()
         try:
-            self._sock.sendall(data)
+            with self._sending:  # (sendall may write a message in parts)
+                self._sock.sendall(data)
             return True
         except OSError:
             self.closed = True
