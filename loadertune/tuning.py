@@ -29,6 +29,7 @@ from loadertune.errors import ConfigError, LoadertuneError, SearchInterrupted
 from loadertune.report import trial_line
 from loadertune.search import SearchSettings
 from loadertune.trials import TrialResult
+from loadertune.trials.identity import target_line
 
 if TYPE_CHECKING:  # torch's DataLoader machinery is imported when a tuning starts
     from torch.utils.data import DataLoader
@@ -306,8 +307,6 @@ class _TuneScript:
                 key=list(record.identity),
                 lines=list(record.lines),
             )
-            from loadertune.trials.identity import target_line
-
             self.apply.report(
                 "loadertune: tuning "
                 + target_line(

@@ -269,10 +269,8 @@ def same_key(a: Sequence[str], b: Sequence[str], *, user_frames: int | None = No
     the same lines of the same files (or paths that end the same: another working folder); only
     the innermost ``user_frames`` of those when given (the loader's line and the one that led to
     it tell loaders apart; the lines further out change with every edit of the script)."""
-    framework_a = [x for x in a if not _is_line(x)]
-    framework_b = [y for y in b if not _is_line(y)]
-    user_a = [x for x in a if _is_line(x)][:user_frames]
-    user_b = [y for y in b if _is_line(y)][:user_frames]
+    framework_a, user_a = _split(a, user_frames)
+    framework_b, user_b = _split(b, user_frames)
     return (
         framework_a == framework_b
         and len(user_a) == len(user_b)
@@ -288,22 +286,22 @@ def same_code(
     that led to it, as :func:`same_key` compares) in files of the same name, reading the same
     (``a_lines`` and ``b_lines``: :attr:`LoaderRecord.lines`). None when a text is unknown
     (a file that could not be read, an entry saved before texts were)."""
-    framework_a = [x for x in a if not _is_line(x)]
-    framework_b = [y for y in b if not _is_line(y)]
-    user_a = [x for x in a if _is_line(x)][:2]
-    user_b = [y for y in b if _is_line(y)][:2]
+    framework_a, user_a = _split(a, 2)
+    framework_b, user_b = _split(b, 2)
     texts_a, texts_b = list(a_lines[: len(user_a)]), list(b_lines[: len(user_b)])
     if len(texts_a) < len(user_a) or len(texts_b) < len(user_b) or not all(texts_a + texts_b):
         return None
+    files = [os.path.basename(x.rpartition(":")[0]) for x in user_a]
     return (
         framework_a == framework_b
-        and len(user_a) == len(user_b)
-        and all(
-            os.path.basename(x.rpartition(":")[0]) == os.path.basename(y.rpartition(":")[0])
-            for x, y in zip(user_a, user_b, strict=True)
-        )
+        and files == [os.path.basename(y.rpartition(":")[0]) for y in user_b]
         and texts_a == texts_b
     )
+
+
+def _split(key: Sequence[str], user_frames: int | None) -> tuple[list[str], list[str]]:
+    """``key``'s framework functions, and its innermost ``user_frames`` user frames (all: None)."""
+    return [x for x in key if not _is_line(x)], [x for x in key if _is_line(x)][:user_frames]
 
 
 def _is_line(element: str) -> bool:

@@ -7,9 +7,8 @@ step hook, so every optimizer of every framework) is fed by the loader that yiel
 batch before it, or, when several yielded since the step before (a loop over ``zip(main,
 itertools.cycle(aux))``, whose ``aux`` yields last), by the one of them with the most samples
 per epoch: it sets the epoch's length; the first loader to feed two steps is the training
-loader. Lightning's sanity
-check iterates the validation loader first, and evaluation loops iterate other loaders between
-epochs: none of them is stepped on.
+loader. Lightning's sanity check iterates the validation loader first, and evaluation loops
+iterate other loaders between epochs: none of them is stepped on.
 
 A loop without an optimizer (inference, a loader benchmarked alone) has no step: there the loader
 whose measured window fills first is the one, as long as no optimizer exists at all (an optimizer
