@@ -129,6 +129,7 @@ from loadertune.measure import failures
 from loadertune.measure.failures import Failure
 from loadertune.measure.meter import Measurement, WindowSpec
 from loadertune.measure.resources import ResourceUsage
+from loadertune.recommendation import build_recommendation
 from loadertune.search import Search, SearchOutcome, SearchSettings
 from loadertune.search.space import DEFAULT_PREFETCH_FACTORS, MAX_WORKERS_HARD
 from loadertune.trials.runner import BaseRunner, Limits, ShouldStop, TrialResult, window_for
@@ -891,6 +892,9 @@ class Score:
     real_s: float = 0.0  # real seconds the search took (the driver and Optuna)
     ratio_ran: float = 0.0  # best true value among the settings the search ran / true best
     cause: str = ""  # why the pick is below 0.95 of the true best (see :func:`cause_of`)
+    # the report's verdict (:func:`verdict_of`) and the baseline's true value / the true best
+    verdict: str = ""
+    baseline_ratio: float = 0.0
     tags: list[str] = field(default_factory=list)
     error: str | None = None
 
@@ -1001,9 +1005,24 @@ def run_one(
         ran = [t.true_epoch for t in runner.trace if t.result.ok and t.phase != "replay"]
         score.ratio_ran = max(ran, default=0.0) / value
         score.cause = cause_of(score, outcome, in_space / value, runner.trace)
+        score.verdict = verdict_of(outcome, w)
+        base = 0.0 if failure_kind(w, outcome.baseline, mode) else epoch_rate(w, outcome.baseline)
+        score.baseline_ratio = base / value
     else:
         score.cause = "search raised"
     return score, outcome
+
+
+def verdict_of(outcome: SearchOutcome, w: Workload) -> str:
+    """What the report says of the pick against the baseline (``report.summary_lines``):
+    "baseline" (the pick is the baseline), "clearly" (clearly faster), or within the noise and
+    "ahead" or "behind" side by side (its speed-up at or above 1, or under)."""
+    if outcome.winner == outcome.baseline:
+        return "baseline"
+    rec = build_recommendation(outcome, hardware_for(w), workload={})
+    if not rec.within_noise:
+        return "clearly"
+    return "behind" if rec.speedup is not None and rec.speedup < 1 else "ahead"
 
 
 def cause_of(
@@ -1065,6 +1084,25 @@ def _bucket(n: int) -> str:
                 (10, "6-10"), (10**9, ">10")) if n <= top)  # fmt: skip
 
 
+def _verdicts(p: Callable[..., None], scores: list[Score]) -> None:
+    """Per verdict of the report, the picks against the baseline they replace: is a pick within
+    the noise of the baseline, behind it side by side, still the better one to save?"""
+    p(
+        f"\n{'verdict against the baseline':36} {'n':>4} {'pick<0.95':>9} {'base<0.95':>9} "
+        f"{'pick truly slower':>17}"
+    )
+    groups: dict[str, list[Score]] = defaultdict(list)
+    for s in scores:
+        if not s.error:
+            groups[s.verdict].append(s)
+    for name, group in sorted(groups.items()):
+        slower = sum(s.ratio < s.baseline_ratio for s in group)
+        p(
+            f"{name:36} {len(group):4d} {sum(s.ratio < 0.95 for s in group):9d} "
+            f"{sum(s.baseline_ratio < 0.95 for s in group):9d} {slower:17d}"
+        )
+
+
 def report(
     scores: list[Score], workloads: dict[int, Workload], mode: str, budget_s: float, out: Any
 ) -> None:
@@ -1104,6 +1142,7 @@ def report(
     _table(p, "category (pick / true best)", by_tag)
     _table(p, "stop reason", by_stop)
     _table(p, "settings explored", by_explored)
+    _verdicts(p, scores)
     causes = Counter(s.cause for s in scores if s.ratio < 0.95)
     p(f"\nwhy a pick is below 0.95 of the true best ({sum(causes.values())} searches):")
     for cause, count in causes.most_common():

@@ -252,10 +252,12 @@ def test_summary_lines_within_noise_and_same_batch_size() -> None:
 
 def test_a_winner_behind_side_by_side_is_not_offered_for_free() -> None:
     """Ahead over the whole search (its median, the exploration's figures pooled), behind in the
-    rounds side by side: the speed-up under 1 says to keep the settings, not to take it."""
+    rounds side by side: neither offered for free nor called faster, and the verdict does not
+    tell the user to keep the settings the saved pick replaces."""
     lines = summary_lines(_recommendation(within_noise=True, speedup=0.81))
-    assert "speed-up 0.81x" in lines[0] and "keep your settings" in lines[0]
-    assert "for free" not in lines[0]
+    assert "speed-up 0.81x" in lines[0] and "behind them side by side" in lines[0]
+    assert "for free" not in lines[0] and "clearly" not in lines[0]
+    assert "keep" not in lines[0] and "the winner is saved" in lines[0]
 
 
 def test_summary_table_sets_baseline_beside_winner() -> None:
@@ -414,7 +416,7 @@ def test_within_the_noise_says_what_keeping_the_settings_means() -> None:
     assert "for free" not in other_bs[0]
     same_bs = _recommendation(within_noise=True, speedup=1.03)
     same_bs.loader_kwargs = Config(64, 4).loader_kwargs()
-    assert "or take the winner for free" in summary_lines(same_bs)[0]
+    assert "ahead of them: take the winner, for free" in summary_lines(same_bs)[0]
     own = _recommendation(within_noise=True, speedup=1.0)
     own.loader_kwargs = own.baseline_kwargs
     assert "your settings are the best found; keep them" in summary_lines(own)[0]
