@@ -113,6 +113,12 @@ class Recommendation:
         hardware: the machine it was measured on.
         search: study name, storage, why the search stopped, time spent.
         workload: what was tuned (dataset or script, and which loader).
+        epoch_samples: samples per epoch of the winner's loader; None where its length is
+            unknown (then "per epoch" figures are the steady rate, start-up left out).
+        between_epochs_s: the loop's time between an epoch's end and the next (validation,
+            logging, checkpoints), the median of what the trials saw; None if none saw one.
+            No loader setting changes it, so the run's own speed-up is smaller than the
+            epochs' (the summary says by how much).
     """
 
     loader_kwargs: dict[str, Any]
@@ -129,6 +135,8 @@ class Recommendation:
     workload: dict[str, Any] = field(default_factory=dict)
     winner: dict[str, Any] | None = None
     baseline: dict[str, Any] | None = None
+    epoch_samples: int | None = None
+    between_epochs_s: float | None = None
     measured_at: str = field(
         default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     )
@@ -143,6 +151,8 @@ class Recommendation:
             "winner": self.winner,
             "baseline": {"loader_kwargs": self.baseline_kwargs, **(self.baseline or {})},
             "best_at_batch_size": self.best_at_batch_size,
+            "epoch_samples": self.epoch_samples,
+            "between_epochs_s": self.between_epochs_s,
             "diagnosis": self.diagnosis,
             "workload": self.workload,
             "hardware": self.hardware.to_dict(),
@@ -213,4 +223,20 @@ def build_recommendation(
         workload=workload,
         winner=win_fig,
         baseline=base_fig,
+        epoch_samples=next(
+            (t.epoch_samples for t in outcome.results_for(winner) if t.epoch_samples), None
+        ),
+        between_epochs_s=_between_epochs_s(outcome.trials),
     )
+
+
+def _between_epochs_s(trials: list[TrialResult]) -> float | None:
+    """The median time the loop spent between two epochs of the tuned loader, over every rest
+    this run's trials saw (a replay's loop is loadertune's, not the script's)."""
+    rests = [
+        r
+        for t in trials
+        if t.measurement is not None and not t.kept and t.phase != "replay"
+        for r in t.measurement.rest_s
+    ]
+    return statistics.median(rests) if rests else None

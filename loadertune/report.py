@@ -295,6 +295,30 @@ def _batch_size(kwargs: object) -> object:
     return kwargs.get("batch_size") if isinstance(kwargs, dict) else None
 
 
+# The time between epochs is worth a word once it is this share of the winner's epoch.
+BETWEEN_EPOCHS_SHARE = 0.05
+
+
+def _end_to_end(entry: Mapping[str, Any]) -> str | None:
+    """The speed-up on the run's own time per epoch, in words: each epoch's time at its epoch
+    rate plus the time the loop spends between epochs (validation, logging), which no loader
+    setting changes. A new user's script with a validation after each short epoch was claimed
+    9.24x per epoch and ran about 4.2x faster end to end. None where that time is unknown or
+    small beside the winner's epoch, or where it hardly moves the figure."""
+    n, rest = entry.get("epoch_samples"), entry.get("between_epochs_s")
+    win = (entry.get("winner") or {}).get("epoch_samples_per_s")
+    base = (entry.get("baseline") or {}).get("epoch_samples_per_s")
+    if not (n and isinstance(rest, float) and win and base):
+        return None
+    whole = (n / base + rest) / (n / win + rest)
+    if rest < BETWEEN_EPOCHS_SHARE * n / win or abs(whole - win / base) < 0.05:
+        return None
+    return (
+        f"about {whole:.2f}x per epoch of your run, with the {rest:.2f} s your script spends "
+        "between epochs (validation, logging), which no loader setting changes"
+    )
+
+
 def summary_lines(rec: Recommendation | Mapping[str, Any]) -> list[str]:
     """The verdict in plain lines, from a Recommendation or a file entry. Total: any optional
     part may be missing (a resumed search whose winner was measured only in an earlier run, a
@@ -333,7 +357,17 @@ def summary_lines(rec: Recommendation | Mapping[str, Any]) -> list[str]:
             verdict = (
                 "within the noise of your settings, but ahead of them: take the winner, for free"
             )
-        lines.append(f"speed-up {speedup:.2f}x per epoch ({verdict})")
+        if "epoch_samples" not in entry or entry["epoch_samples"]:  # (an older file: not said)
+            line = f"speed-up {speedup:.2f}x per epoch ({verdict})"
+        else:  # an epoch of unknown length: its start-up is not in the rate
+            line = (
+                f"speed-up {speedup:.2f}x in the steady rate ({verdict}; the epoch's length is "
+                "unknown, so the workers' start-up at each epoch is left out)"
+            )
+        lines.append(line)
+        whole = _end_to_end(entry)
+        if whole:
+            lines.append(whole)
     ceiling = diag.get("ceiling_samples_per_s")
     if ceiling:
         stage = str((diag.get("ceilings") or {}).get("limiting_stage") or "")

@@ -121,6 +121,24 @@ def test_gaps_between_epochs_are_excluded() -> None:
     assert len(m.reentry_s) >= 1
 
 
+def test_the_loops_time_between_epochs_is_recorded_as_rests() -> None:
+    """Each time from an epoch's end to the next ``iter()`` (the script's validation) is a rest,
+    whatever the phase: a whole epoch swapped in mid-epoch sees the rest before its epoch."""
+    meter = Meter(WindowSpec(warmup_batches=1, window_s=0.3), count=FixedCount(8))
+    while not meter.done:
+        for _ in meter.wrap(list(torch.zeros(6, 8, 1))):
+            time.sleep(0.004)
+        time.sleep(0.05)  # "validation"
+    rests = meter.result().rest_s
+    assert len(rests) >= 2 and all(0.045 <= r < 0.5 for r in rests)
+    whole = Meter(WindowSpec(warmup_batches=0, window_s=10.0, whole_epoch=True), mid_epoch=True)
+    for n in (3, 7):
+        for _ in whole.wrap(slow_batches(n, 0.002)):
+            pass
+        time.sleep(0.03)
+    assert whole.done and len(whole.result().rest_s) == 1 and whole.result().rest_s[0] >= 0.025
+
+
 class _Restarting:
     """An epoch of 6 instant batches whose first batch waits ``start_s`` (workers restarting)."""
 

@@ -188,6 +188,7 @@ def _recommendation(**overrides: object) -> Recommendation:
             "pss_bytes": 3 * 2**30,
         },
         "baseline": {"samples_per_s": 1000.0, "blocked_fraction": 0.6},
+        "epoch_samples": 50_000,
     }
     fields.update(overrides)
     return Recommendation(**fields)  # type: ignore[arg-type]
@@ -258,6 +259,34 @@ def test_a_winner_behind_side_by_side_is_not_offered_for_free() -> None:
     assert "speed-up 0.81x" in lines[0] and "behind them side by side" in lines[0]
     assert "for free" not in lines[0] and "clearly" not in lines[0]
     assert "keep" not in lines[0] and "the winner is saved" in lines[0]
+
+
+def test_the_time_between_epochs_turns_the_epochs_speed_up_into_the_runs() -> None:
+    """Validation and logging between epochs run as long with any loader setting: the run's own
+    speed-up is (N/base + rest) / (N/win + rest), said beside the epochs' own."""
+    rec = _recommendation(
+        between_epochs_s=4.0,
+        winner={"epoch_samples_per_s": 4000.0},
+        baseline={"epoch_samples_per_s": 1000.0},
+    )
+    lines = summary_lines(rec)
+    assert lines[0].startswith("speed-up 3.50x per epoch")
+    # 50,000 samples: 50 s + 4 s against 12.5 s + 4 s
+    assert "about 3.27x per epoch of your run, with the 4.00 s your script spends" in lines[1]
+    short = summary_lines(_recommendation(between_epochs_s=0.1))  # 0.8% of the epoch: not said
+    assert not any("of your run" in line for line in short)
+    assert not any("of your run" in line for line in summary_lines(_recommendation()))
+
+
+def test_an_epoch_of_unknown_length_is_not_called_an_epoch() -> None:
+    """A loader without a length (an IterableDataset): the rates are steady ones, and the
+    workers' start-up at each epoch is not in them; the speed-up says so."""
+    lines = summary_lines(_recommendation(epoch_samples=None))
+    assert lines[0].startswith("speed-up 3.50x in the steady rate (clearly faster")
+    assert "length is unknown" in lines[0] and "per epoch" not in lines[0]
+    older = _recommendation().to_entry()
+    del older["epoch_samples"]  # a file written before the field: nothing claimed either way
+    assert summary_lines(older)[0].startswith("speed-up 3.50x per epoch")
 
 
 def test_summary_table_sets_baseline_beside_winner() -> None:

@@ -73,6 +73,8 @@ class Meter:
         "_paused_at",
         "_phase",
         "_reentry_s",
+        "_rest_from",
+        "_rests",
         "_result",
         "_settle_at",
         "_sink",
@@ -126,6 +128,8 @@ class Meter:
         self._paused_at: float | None = None
         self._excluded = 0.0  # time between epochs (validation, logging), outside the window
         self._reentry_s: list[float] = []
+        self._rest_from: float | None = None  # the end of an epoch that gave batches
+        self._rests: list[float] = []  # the loop's time between two epochs, each seen
         self._last_beat = -math.inf
         self._warmup_left = spec.warmup_batches
         self._to_next_epoch = spec.whole_epoch and mid_epoch  # warm up to the epoch's end
@@ -154,6 +158,9 @@ class Meter:
         non-persistent workers counts in the first batch's time.
         """
         now = self._clock()
+        if self._rest_from is not None:
+            self._rests.append(now - self._rest_from)
+            self._rest_from = None
         if self._paused_at is not None:
             if self._phase == _WINDOW:  # the loop was elsewhere between two epochs (validation)
                 self._excluded += now - self._paused_at
@@ -286,6 +293,7 @@ class Meter:
             self._finish(t0, complete=True, whole_epoch=True)
             return
         self._paused_at = t0
+        self._rest_from = t0 if phase != _FIRST else None
         if phase == _FIRST:
             self._to_next_epoch = False  # nothing came: the next epoch starts with the meter
         else:  # the epoch ended before the window did: the loop is elsewhere
@@ -367,6 +375,7 @@ class Meter:
             complete=complete,
             stopped_early=stopped_early,
             reentry_s=list(self._reentry_s),
+            rest_s=list(self._rests),
             blocked_cpu_fraction=(
                 self._w_blocked_cpu / blocked if self._measure_cpu and blocked > 0 else None
             ),

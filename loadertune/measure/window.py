@@ -101,6 +101,8 @@ class Measurement:
     complete: bool  # the window ran its full length
     stopped_early: bool = False  # a progress() call asked to stop (pruned)
     reentry_s: list[float] = field(default_factory=list)  # first batch after each re-entry
+    # the loop's time between an epoch's end and the next iter() (validation, logging), each seen
+    rest_s: list[float] = field(default_factory=list)
     blocked_cpu_fraction: float | None = None  # CPU time / wall time inside next(), if measured
     step_s_per_batch: float = 0.0  # mean time between next() calls: the loop body
     whole_epoch: bool = False  # the window was an epoch, from its start to its end
