@@ -139,6 +139,57 @@ def test_the_loops_time_between_epochs_is_recorded_as_rests() -> None:
     assert whole.done and len(whole.result().rest_s) == 1 and whole.result().rest_s[0] >= 0.025
 
 
+def test_a_loop_that_stops_by_count_ends_its_epochs_at_their_last_step() -> None:
+    """Lightning asks exactly ``len(loader)`` batches and calls ``iter()`` again, never meeting
+    StopIteration: the epoch ends with the step on its last batch all the same. A whole-epoch
+    window ends there (it used to run on to twice its expected time, over several epochs), and
+    the time until the next epoch (validation) is a rest, left out of a window."""
+    whole = Meter(WindowSpec(warmup_batches=0, window_s=10.0, whole_epoch=True))
+    t0 = time.perf_counter()
+    for _epoch in range(3):
+        it = whole.wrap(slow_batches(8, 0.002))
+        if whole.done:  # (the loop's loader goes on unmetered: MeteredEpoch, HotSwap)
+            break
+        for _ in range(8):  # by count: never asks past the last batch
+            next(it)
+            time.sleep(0.01)
+        time.sleep(0.2)  # "validation"
+    m = whole.result()
+    assert time.perf_counter() - t0 < 0.6  # one epoch and its validation, not two or three
+    assert m.whole_epoch and m.complete and (m.n_batches, m.n_samples) == (8, 64)
+    # 8 steps of 10 ms and 7 waits of 2 ms (the first batch's is its start-up), not the rest
+    assert 0.09 <= m.window_s < 0.15
+    window = Meter(WindowSpec(warmup_batches=1, window_s=0.3), count=FixedCount(8))
+    while not window.done:
+        for _, _batch in zip(range(6), window.wrap(list(torch.zeros(6, 8, 1))), strict=False):
+            time.sleep(0.004)
+        time.sleep(0.05)
+    w = window.result()
+    assert len(w.rest_s) >= 2 and all(0.045 <= r < 0.2 for r in w.rest_s)
+    assert w.samples_per_s > 8 / 0.006  # the rests are left out
+
+
+def test_a_whole_epoch_window_knowing_the_epochs_batches_ends_at_the_last_one() -> None:
+    """The last epoch of a loop that stops by count has no next ``iter()`` to end it: told
+    the epoch's batches, the window ends with the last one's step (reckoned as long as the
+    step before), and the loop still receives that batch."""
+    meter = Meter(WindowSpec(warmup_batches=0, window_s=10.0, whole_epoch=True), epoch_batches=8)
+    it = meter.wrap(slow_batches(8, 0.002))
+    got = 0
+    for _ in range(8):
+        next(it)
+        got += 1
+        time.sleep(0.01)
+    assert got == 8 and meter.done
+    m = meter.result()
+    assert m.whole_epoch and m.complete and (m.n_batches, m.n_samples) == (8, 64)
+    assert 0.09 <= m.window_s < 0.15  # 8 steps of 10 ms (the last one reckoned), 7 waits
+    window = Meter(WindowSpec(warmup_batches=2, window_s=10.0), epoch_batches=8)
+    for _ in window.wrap(slow_batches(8, 0.001)):
+        pass
+    assert not window.done  # a window that is not an epoch does not end with one
+
+
 class _Restarting:
     """An epoch of 6 instant batches whose first batch waits ``start_s`` (workers restarting)."""
 

@@ -54,6 +54,9 @@ class Meter:
         on_done: called with the result when the window ends, before ``StopIteration``.
         mid_epoch: the meter begins in the middle of an epoch (a setting swapped in under a
             running loop): a whole-epoch window (``WindowSpec.whole_epoch``) waits for the next.
+        epoch_batches: the batches of a whole epoch, where known: a whole-epoch window ends
+            with the step on the last of them, for a loop that stops by count (Lightning asks
+            exactly ``len(loader)`` batches, and its last epoch is followed by no other).
     """
 
     # Slots: the hot path reads and writes a handful of these per batch.
@@ -67,6 +70,8 @@ class Meter:
         "_index_in_epoch",
         "_it",
         "_last_beat",
+        "_last_index",
+        "_last_step",
         "_measure_cpu",
         "_n_wraps",
         "_on_done",
@@ -84,6 +89,7 @@ class Meter:
         "_sub_samples",
         "_sub_start",
         "_sync",
+        "_t_last",
         "_t_wrap",
         "_to_next_epoch",
         "_w_batches",
@@ -108,6 +114,7 @@ class Meter:
         beat_s: float = 0.5,
         on_done: Callable[[Measurement], None] | None = None,
         mid_epoch: bool = False,
+        epoch_batches: int | None = None,
     ) -> None:
         self.spec = spec
         self._count = count
@@ -125,6 +132,10 @@ class Meter:
         self._t_wrap = 0.0
         self._index_in_epoch = 0
         self._n_wraps = 0
+        self._t_last = 0.0  # when the last batch was handed over
+        # the index of an epoch's last batch, where a whole-epoch window ends (-1: none)
+        self._last_index = epoch_batches - 1 if spec.whole_epoch and epoch_batches else -1
+        self._last_step = 0.0  # the step before it: what the last one is expected to take
         self._paused_at: float | None = None
         self._excluded = 0.0  # time between epochs (validation, logging), outside the window
         self._reentry_s: list[float] = []
@@ -158,6 +169,11 @@ class Meter:
         non-persistent workers counts in the first batch's time.
         """
         now = self._clock()
+        if self._paused_at is None and self._index_in_epoch and self._phase != _DONE:
+            # A new epoch without StopIteration: the loop left the last one by count
+            # (Lightning asks exactly len(loader) batches) or broke out of it. It ended with
+            # the step on its last batch, about as long as the one before.
+            self._epoch_ended(min(now, self._t_last + self._last_step), by_count=True)
         if self._rest_from is not None:
             self._rests.append(now - self._rest_from)
             self._rest_from = None
@@ -191,6 +207,7 @@ class Meter:
             or t0 >= self._sub_end
             or t0 - self._last_beat >= self._beat_s
             or self._index_in_epoch == 0
+            or self._index_in_epoch == self._last_index
             or self._fixed is None
         ):
             return self._next(t0)
@@ -206,6 +223,7 @@ class Meter:
         t1 = _now()
         index = self._index_in_epoch
         self._index_in_epoch = index + 1
+        self._last_step, self._t_last = t0 - self._t_last, t1
         self._w_blocked += t1 - t0
         fixed = self._fixed
         n = fixed.short if index == fixed.short_at else fixed.batch_size
@@ -240,6 +258,8 @@ class Meter:
         t1 = self._clock()
         index = self._index_in_epoch
         self._index_in_epoch = index + 1
+        self._last_step = t0 - self._t_last if index else 0.0
+        self._t_last = t1
         # The first batch of an epoch waited since iter() (in wrap): worker start-up included.
         waited = t1 - (self._t_wrap if index == 0 else t0)
         if index == 0 and self._n_wraps > 1:
@@ -256,6 +276,8 @@ class Meter:
             if self._measure_cpu:
                 self._w_blocked_cpu += time.thread_time() - c0
             self._window_holds(batch, index)
+            if index == self._last_index:  # the epoch ends with the step on this batch
+                self._epoch_ended(t1 + self._last_step, by_count=True)
         elif phase == _WARMUP:
             self._warmup_left -= 1
             if not self._to_next_epoch and (
@@ -282,11 +304,12 @@ class Meter:
         self._sub_samples += n
         self._w_batches += 1
 
-    def _epoch_ended(self, t0: float) -> None:
-        """The loop's ``next()`` at ``t0`` found the epoch over."""
+    def _epoch_ended(self, t0: float, *, by_count: bool = False) -> None:
+        """The loop's ``next()`` at ``t0`` found the epoch over; ``by_count``: the loop
+        stopped asking, and ``t0`` is when its last step is reckoned to have ended."""
         phase = self._phase
         if phase == _WINDOW and self.spec.whole_epoch:
-            if self._sync is not None:
+            if self._sync is not None and not by_count:  # (by count, ``t0`` is reckoned)
                 self._sync()
                 t0 = self._clock()
             self._close_sub_window(t0)

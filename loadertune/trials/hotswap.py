@@ -134,7 +134,13 @@ class _Run:
     """A step in progress: its segment, its meter (None when unmeasured) and its iterator."""
 
     def __init__(
-        self, step: Step, segment: Segment, replayed: Any = None, *, mid_epoch: bool = False
+        self,
+        step: Step,
+        segment: Segment,
+        replayed: Any = None,
+        *,
+        mid_epoch: bool = False,
+        epoch_batches: int | None = None,
     ) -> None:
         self.step, self.segment = step, segment
         self.meter: Meter | None = None
@@ -149,6 +155,7 @@ class _Run:
                 sync=dl.cuda_sync,
                 measure_cpu=step.config.num_workers == 0 and step.phase != "replay",
                 mid_epoch=mid_epoch,
+                epoch_batches=epoch_batches,
             )
 
     def enter(self, order: EpochOrder) -> None:
@@ -304,6 +311,17 @@ class HotSwap:
             return None
         return n // config.batch_size * config.batch_size if self.loader.drop_last else n
 
+    def _epoch_batches(self, step: Step) -> int | None:
+        """The batches a whole epoch gives ``step``'s setting (the script may count on no more:
+        ``keep_length``); None where the batch sampler decides or the length is unknown."""
+        n = self.epoch_samples(step.config)
+        if not n:
+            return None
+        batches = -(-n // step.config.batch_size)  # (with drop_last, n holds whole batches)
+        limit = self._limit()
+        promised = limit() if limit is not None else None
+        return min(batches, promised) if promised else batches
+
     def _drains(self, run: _Run | None) -> bool:
         """Begin handing over ``run``'s batches in flight, and no more of its epoch (with
         ``drain``, for a setting with workers): True when it has begun."""
@@ -348,7 +366,9 @@ class HotSwap:
         segment.order = order
         replayed = segment.first_batch_unreceived() if step.phase == "replay" else None
         started = order.position > 0 or order.given > 0  # the script is in the epoch's middle
-        run = self.current = _Run(step, segment, replayed, mid_epoch=started)
+        run = self.current = _Run(
+            step, segment, replayed, mid_epoch=started, epoch_batches=self._epoch_batches(step)
+        )
         run.enter(order)
         return run
 

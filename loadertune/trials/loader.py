@@ -126,6 +126,19 @@ def epoch_batches(loader: DataLoader[Any]) -> int | None:
         return None
 
 
+def batches_per_epoch(loader: DataLoader[Any]) -> int | None:
+    """Batches per epoch, from the batch sampler, for loadertune's own use: ``len(loader)`` on
+    a patched loader tells it that the script asked (a trial then keeps every epoch to that
+    many batches). None when unknown, and for an ``IterableDataset`` (its workers each give
+    their own stream)."""
+    if isinstance(loader.dataset, IterableDataset) or loader.batch_sampler is None:
+        return None
+    try:
+        return len(loader.batch_sampler)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
 def epoch_samples(loader: DataLoader[Any]) -> int | None:
     """Samples per epoch; None when unknown (an iterable without ``__len__``, a batch sampler
     without ``__len__`` or ``batch_size``)."""

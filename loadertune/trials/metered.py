@@ -122,6 +122,7 @@ class Metered:
             sync=dl.cuda_sync,
             measure_cpu=loader.num_workers == 0,
             on_done=lambda m: self._on_full(self, m),
+            epoch_batches=dl.batches_per_epoch(loader),
         )
 
     def restart(self) -> None:
