@@ -13,7 +13,7 @@ import optuna
 import pytest
 
 from loadertune.config import Config
-from loadertune.errors import ConfigError, SearchInterrupted, UserCodeError
+from loadertune.errors import ConfigError, LoadertuneError, SearchInterrupted, UserCodeError
 from loadertune.hardware import Hardware, detect
 from loadertune.measure.failures import Failure
 from loadertune.measure.meter import Measurement, WindowSpec
@@ -769,6 +769,26 @@ def test_every_trial_failing_is_an_error(tmp_path, hw) -> None:
     ).run()
     assert outcome.winner == Config(32)
     assert outcome.confirmation is not None and outcome.confirmation.clearly_better
+
+
+def test_own_settings_that_take_the_whole_budget_and_fail_say_so(tmp_path, hw, monkeypatch) -> None:
+    """A baseline that times out after the whole budget leaves nothing else a chance: the
+    error says that it was the user's own settings, and what to do, not "every trial failed"."""
+    clock = SimpleNamespace(now=0.0)
+    clock.monotonic = lambda: clock.now
+    monkeypatch.setattr(driver_module, "time", clock)
+    slow = Failure("timeout", "ran past its limit of 127 s", "a hang?")
+    fail = lambda c: slow if c.num_workers == 16 else None  # noqa: E731
+    runner = FakeRunner(io_landscape, fail=fail, cost_s=127.0, clock=clock)
+    with pytest.raises(LoadertuneError, match=r"your own settings failed \(timeout") as caught:
+        Search(
+            runner,
+            hardware=hw,
+            baseline=Config(64, 16, 2),
+            batch_sizes=[64],
+            settings=settings(tmp_path, budget_s=60),
+        ).run()
+    assert "--budget" in str(caught.value) and [p for p, _ in runner.log] == ["baseline"]
 
 
 def test_gpu_memory_model_bounds_the_batch_size(tmp_path, hw) -> None:

@@ -503,6 +503,16 @@ class Search:
             winner = self._live_choice(winner, confirmation)
         if winner is None:
             causes = sorted({kind for _, kind in self.ledger.frontier.failed})
+            ran = [t for t in self.ledger.trials if t.skipped is None and not t.kept]
+            if [t.phase for t in ran] == ["baseline"] and ran[0].failure is not None:
+                # One slow trial of the user's own settings took the budget: the simulator drew
+                # 16 workers of a 1-CPU machine at batch 64, whose first batches took minutes.
+                raise LoadertuneError(
+                    f"your own settings failed ({ran[0].failure.kind}: {ran[0].failure.message}) "
+                    "and took the whole budget, so no other setting could run: give a larger "
+                    "--budget, or start the script from settings that reach their first "
+                    "batches sooner (a smaller batch size, or fewer workers)"
+                )
             raise LoadertuneError(
                 f"every trial failed ({', '.join(causes) or 'no result'}); "
                 "see the trial table for each cause and its fix"
