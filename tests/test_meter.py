@@ -184,6 +184,18 @@ def test_a_whole_epoch_window_knowing_the_epochs_batches_ends_at_the_last_one() 
     m = meter.result()
     assert m.whole_epoch and m.complete and (m.n_batches, m.n_samples) == (8, 64)
     assert 0.09 <= m.window_s < 0.15  # 8 steps of 10 ms (the last one reckoned), 7 waits
+    # GPU work still queued when the last batch comes is waited for (a sync point), then the
+    # last step is reckoned on top: here a sync that takes 50 ms stands for it
+    synced = Meter(
+        WindowSpec(warmup_batches=0, window_s=10.0, whole_epoch=True),
+        epoch_batches=8,
+        sync=lambda: time.sleep(0.05),
+    )
+    for _ in synced.wrap(slow_batches(8, 0.002)):
+        time.sleep(0.01)
+        if synced.done:
+            break
+    assert synced.done and synced.result().window_s >= 0.09 + 0.05
     window = Meter(WindowSpec(warmup_batches=2, window_s=10.0), epoch_batches=8)
     for _ in window.wrap(slow_batches(8, 0.001)):
         pass

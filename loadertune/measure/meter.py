@@ -277,7 +277,11 @@ class Meter:
                 self._w_blocked_cpu += time.thread_time() - c0
             self._window_holds(batch, index)
             if index == self._last_index:  # the epoch ends with the step on this batch
-                self._epoch_ended(t1 + self._last_step, by_count=True)
+                end = t1
+                if self._sync is not None:  # the GPU's queued steps first, then this one's
+                    self._sync()
+                    end = max(t1, self._clock())
+                self._epoch_ended(end + self._last_step, by_count=True)
         elif phase == _WARMUP:
             self._warmup_left -= 1
             if not self._to_next_epoch and (
