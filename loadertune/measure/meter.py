@@ -71,7 +71,6 @@ class Meter:
         "_it",
         "_last_beat",
         "_last_index",
-        "_last_step",
         "_measure_cpu",
         "_n_wraps",
         "_on_done",
@@ -135,7 +134,6 @@ class Meter:
         self._t_last = 0.0  # when the last batch was handed over
         # the index of an epoch's last batch, where a whole-epoch window ends (-1: none)
         self._last_index = epoch_batches - 1 if spec.whole_epoch and epoch_batches else -1
-        self._last_step = 0.0  # the step before it: what the last one is expected to take
         self._paused_at: float | None = None
         self._excluded = 0.0  # time between epochs (validation, logging), outside the window
         self._reentry_s: list[float] = []
@@ -172,8 +170,8 @@ class Meter:
         if self._paused_at is None and self._index_in_epoch and self._phase != _DONE:
             # A new epoch without StopIteration: the loop left the last one by count
             # (Lightning asks exactly len(loader) batches) or broke out of it. It ended with
-            # the step on its last batch, about as long as the one before.
-            self._epoch_ended(min(now, self._t_last + self._last_step), by_count=True)
+            # the step on its last batch, about as long as the window's steps.
+            self._epoch_ended(min(now, self._t_last + self._mean_step()), by_count=True)
         if self._rest_from is not None:
             self._rests.append(now - self._rest_from)
             self._rest_from = None
@@ -223,7 +221,7 @@ class Meter:
         t1 = _now()
         index = self._index_in_epoch
         self._index_in_epoch = index + 1
-        self._last_step, self._t_last = t0 - self._t_last, t1
+        self._t_last = t1
         self._w_blocked += t1 - t0
         fixed = self._fixed
         n = fixed.short if index == fixed.short_at else fixed.batch_size
@@ -258,7 +256,7 @@ class Meter:
         t1 = self._clock()
         index = self._index_in_epoch
         self._index_in_epoch = index + 1
-        self._last_step = t0 - self._t_last if index else 0.0
+        step = t0 - self._t_last if index else 0.0  # the loop's step on the batch before
         self._t_last = t1
         # The first batch of an epoch waited since iter() (in wrap): worker start-up included.
         waited = t1 - (self._t_wrap if index == 0 else t0)
@@ -281,7 +279,7 @@ class Meter:
                 if self._sync is not None:  # the GPU's queued steps first, then this one's
                     self._sync()
                     end = max(t1, self._clock())
-                self._epoch_ended(end + self._last_step, by_count=True)
+                self._epoch_ended(end + step, by_count=True)  # this step: as long
         elif phase == _WARMUP:
             self._warmup_left -= 1
             if not self._to_next_epoch and (
@@ -300,6 +298,14 @@ class Meter:
                 self._open_window(t1)
                 self._window_holds(batch, index)
         return batch
+
+    def _mean_step(self) -> float:
+        """The window's mean step so far (0 outside a window): its time to the last batch's
+        hand-over holds a wait for each of its batches and a step for all but the last."""
+        if self._phase != _WINDOW or self._w_batches < 2:
+            return 0.0
+        busy = self._t_last - self._w_start - self._excluded - self._w_blocked
+        return max(0.0, busy / (self._w_batches - 1))
 
     def _window_holds(self, batch: Any, index: int) -> None:
         """Count ``batch`` (the ``index``-th of its epoch) in the window."""
