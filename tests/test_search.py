@@ -20,6 +20,7 @@ from loadertune.measure.meter import Measurement, WindowSpec
 from loadertune.measure.resources import ResourceUsage
 from loadertune.search import Search, SearchOutcome, SearchSettings, dominated
 from loadertune.search import driver as driver_module
+from loadertune.search.probe import Estimates
 from loadertune.trials import Limits, ShouldStop, TrialResult
 from loadertune.trials.runner import BaseRunner
 
@@ -791,6 +792,40 @@ def test_own_settings_that_take_the_whole_budget_and_fail_say_so(tmp_path, hw, m
     assert "--budget" in str(caught.value) and [p for p, _ in runner.log] == ["baseline"]
 
 
+def test_own_settings_that_take_half_the_budget_leave_the_rest_to_the_search(
+    tmp_path, hw, monkeypatch
+) -> None:
+    """The user's batch of 512 with one worker waits 33 s for its warm-up, of a 60 s budget;
+    the other settings' trials take 1 s. Their typical trial is no sample of the others: the
+    probe at batch 16 and the exploration still run (the simulator's pick was 0.06 of the
+    best, the search ended after that one trial)."""
+    clock = SimpleNamespace(now=0.0)
+    clock.monotonic = lambda: clock.now
+    monkeypatch.setattr(driver_module, "time", clock)
+
+    class SlowBaseline(FakeRunner):
+        def run(self, config, **kw):  # type: ignore[no-untyped-def]
+            result = super().run(config, **kw)
+            if kw.get("phase") == "baseline":
+                self.clock.now += 33.0
+                result.wall_s += 33.0
+                assert result.measurement is not None
+                result.measurement.warmup_s += 33.0
+            return result
+
+    runner = SlowBaseline(io_landscape, cost_s=1.0, clock=clock)
+    outcome = Search(
+        runner,
+        hardware=hw,
+        baseline=Config(512, 1, 2),
+        batch_sizes=[16, 512],
+        settings=settings(tmp_path, budget_s=60),
+    ).run()
+    phases = [p for p, _ in runner.log]
+    assert phases[:2] == ["baseline", "probe"] and phases.count("search") >= 3
+    assert outcome.winner.num_workers > 1
+
+
 def test_gpu_memory_model_bounds_the_batch_size(tmp_path, hw) -> None:
     """Peaks grow 6 MiB per sample on a 6 GiB card: with a 10% margin the line allows 855.
     1024 is within twice that, so it is tried (the line may over-predict) and runs out; 2048 is
@@ -1079,39 +1114,79 @@ def test_a_trial_that_would_outlast_the_budget_is_not_started(tmp_path, hw) -> N
     assert search._past_the_budget(Config(512, 8, 2)) is None
 
 
+def _estimates(**overrides: float) -> Estimates:
+    """A probe's estimates: 50 samples/s per worker, loading waiting on I/O."""
+    base: dict[str, float] = {
+        "load_s_per_sample": 0.02,
+        "load_cpu_fraction": 0.05,
+        "worker_s_per_sample": 0.02,
+        "step_s_per_sample": 1e-4,
+        "step_cpu_per_sample": 1e-4,
+        "usable_cpus": 4,
+        "max_workers": 128,
+        "consumer_ceiling": 1e4,
+        "loader_ceiling": 6400,
+        "cpu_ceiling": 1e5,
+    }
+    return Estimates(**{**base, **overrides})  # type: ignore[arg-type]
+
+
+def _search_with_best(tmp_path, hw, best: Config, value: float, *, left_s: float) -> Search:
+    """A search at ``best``'s batch size, its best so far ``value``, ``left_s`` seconds left."""
+    search = Search(
+        FakeRunner(io_landscape, epoch_samples=None),
+        hardware=hw,
+        baseline=Config(best.batch_size),
+        batch_sizes=[best.batch_size],
+        settings=settings(tmp_path),
+    )
+    search._deadline = time.monotonic() + left_s
+    search.ledger.values[best] = value
+    return search
+
+
 def test_many_workers_are_judged_at_the_rate_the_estimates_predict_not_the_slow_best(
     tmp_path, hw
 ) -> None:
     """Loading waits on I/O: the best so far (2 workers) makes 100 samples/s, and the probe
     predicts 64 workers make 3200. Judged at the slow best, their trial would take minutes and
     never start; at half the predicted rate it takes seconds."""
-    from loadertune.search.probe import Estimates
-
-    est = Estimates(
-        load_s_per_sample=0.02,
-        load_cpu_fraction=0.05,
-        worker_s_per_sample=0.02,
-        step_s_per_sample=1e-4,
-        step_cpu_per_sample=1e-4,
-        usable_cpus=4,
-        max_workers=128,
-        consumer_ceiling=1e4,
-        loader_ceiling=6400,
-        cpu_ceiling=1e5,
-    )
+    est = _estimates()
     assert est.predicted_samples_per_s(64) == pytest.approx(3200)
-    search = Search(
-        FakeRunner(io_landscape),
-        hardware=hw,
-        baseline=Config(128),
-        batch_sizes=[128],
-        settings=settings(tmp_path),
-    )
-    search._deadline = time.monotonic() + 30
-    search.ledger.values[Config(128, 2, 2)] = 100.0
+    search = _search_with_best(tmp_path, hw, Config(128, 2, 2), 100.0, left_s=30)
     many = Config(128, 64, 2)
     assert "budget" in (search._past_the_budget(many) or "")  # 130 batches at 100/s
     assert search._past_the_budget(many, est) is None  # 130 batches at 1600/s: 10 s
+    # Before the exploration has run anything, at all of the predicted rate: 5 s. A skip
+    # would leave the user's settings as the pick.
+    search._deadline = time.monotonic() + 8
+    assert search._past_the_budget(many, est) is None
+    search.ledger.n_explored = 1
+    assert "budget" in (search._past_the_budget(many, est) or "")
+
+
+def test_a_whole_epochs_trial_is_timed_from_its_first_batch() -> None:
+    """6 workers at batch 512 and 200 samples/s: each worker's first batch takes 15 s, then the
+    epoch's 4 s (the simulator's ran 10 s past the budget, timed by its epoch alone)."""
+    from loadertune.search import plan
+    from loadertune.trials import window_for
+
+    whole = window_for(Config(512, 6, 2), window_s=4.0, whole_epoch=True)
+    assert plan.least_trial_s(Config(512, 6, 2), whole, 200.0, loader_bound=True) == (
+        pytest.approx(6 * 512 / 200 + 4.0)
+    )
+    assert plan.least_trial_s(Config(512, 6, 2), whole, 0.0, loader_bound=True) == 4.0
+
+
+def test_a_trial_without_workers_is_timed_at_the_probes_rate_not_the_best(tmp_path, hw) -> None:
+    """Loading in the loop's own process makes 50 samples/s, as the probe measured; the best
+    so far, with workers, 1000. At batch 512 a batch takes 10 s: its trial (first batch, one
+    of warm-up, four in the window) a minute, not the 3 s the best's rate says."""
+    est = _estimates(load_cpu_fraction=0.9, step_s_per_sample=1e-5, max_workers=8)
+    assert est.predicted_samples_per_s(0) == pytest.approx(50, rel=0.01)
+    search = _search_with_best(tmp_path, hw, Config(512, 8, 2), 1000.0, left_s=30)
+    assert search._past_the_budget(Config(512)) is None  # at the best's rate
+    assert "budget" in (search._past_the_budget(Config(512), est) or "")
 
 
 def test_the_worker_range_is_not_widened_for_a_best_that_does_not_wait(tmp_path, hw) -> None:

@@ -298,6 +298,25 @@ def test_in_flight_budget_is_inclusive_and_ignores_zero_workers() -> None:
     assert tight.rejects(Config(32, 1, 1)) is not None
 
 
+def test_rejects_workers_whose_own_memory_and_batches_exceed_the_ram_left_them() -> None:
+    """Each worker holds 100 MiB of its own, each batch in flight 32 MiB: 1000 MiB fit 4
+    workers at prefetch 2 (656 MiB), not 8 (1312 MiB), nor 8 at prefetch 1 (1056 MiB), while
+    6 at prefetch 1 (792 MiB) fit: the prefetch factor moves the limit, which one cap cannot."""
+    space = _space(
+        max_workers=16,
+        prefetch_factors=(1, 2),
+        bytes_per_sample=float(MIB),
+        worker_bytes=100.0 * MIB,
+        workers_ram_bytes=1000.0 * MIB,
+    )
+    assert space.rejects(Config(32, 4, 2)) is None
+    assert space.rejects(Config(32, 6, 1)) is None
+    assert "RAM" in (space.rejects(Config(32, 8, 2)) or "")
+    assert "RAM" in (space.rejects(Config(32, 8, 1)) or "")
+    assert space.rejects(Config(32)) is None  # no workers: nothing of theirs
+    assert space.nearest(Config(32, 8, 2)) == Config(32, 7, 1)
+
+
 def test_in_flight_budget_needs_sample_size() -> None:
     """Without a measured sample size there is nothing to compare with the budget."""
     space = _space(max_in_flight_bytes=1.0)

@@ -14,6 +14,7 @@ agenda plans from one result would wait for the whole batch.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -28,7 +29,7 @@ from loadertune.search import plan
 from loadertune.search.agenda import Agenda
 from loadertune.search.confirm import Confirmation, confirm
 from loadertune.search.ledger import Ledger
-from loadertune.search.limits import limits_for, short_epoch_s, typical_wall
+from loadertune.search.limits import limits_for, overhead_s, short_epoch_s, typical_wall
 from loadertune.search.opening import Opening
 from loadertune.search.outcome import Observer, SearchOutcome
 from loadertune.search.probe import Estimates, seed_configs
@@ -82,9 +83,11 @@ class Search:
             ledger=self.ledger,
             measure=self._measure_many,
             fits=self._fits,
+            trial_fits=self._trial_fits,
             observer=observer,
         )
         self._deadline = 0.0
+        self._est: Estimates | None = None  # the opening's, once it has run
         self._memory_budget: int | None = None
 
     @property
@@ -101,7 +104,19 @@ class Search:
         return self._deadline - time.monotonic()
 
     def _typical_wall(self) -> float:
-        return typical_wall(self.ledger.trials, default_s=self.settings.trial_window_s + 1.0)
+        """The typical trial's wall, the user's own settings' left out: they are no sample of
+        what the search runs (16 workers of a 4-CPU machine at batch 512 took 39 s of a 60 s
+        budget in the simulator, and a median over it and a 1 s probe ended the search
+        there; a batch of 512 loaded in the loop's own process took 31 s, and ended it before
+        any other trial). Before any other trial: theirs, or when longer, a window and the
+        run's overhead per trial (a script's launch). Each setting's own time is checked where
+        it is chosen (:meth:`_past_the_budget`, :meth:`_trial_fits`)."""
+        trials = self.ledger.trials
+        others = [t for t in trials if t.phase != "baseline"]
+        default = self.settings.trial_window_s + 1.0 + overhead_s(trials)
+        if not any(t.ok and t.phase != "replay" for t in others):
+            return min(default, typical_wall(trials, default_s=default))
+        return typical_wall(others, default_s=default)
 
     def _limits(self) -> Limits:
         return limits_for(
@@ -135,13 +150,17 @@ class Search:
     def _short_epoch_s(self, config: Config | None) -> float | None:
         """An epoch's time when ``config``'s epochs are short enough to measure whole: at the
         best rate so far, or at ``config``'s own when this run measured it slower (a slow
-        baseline's whole epoch could take minutes where the best's takes a second)."""
+        baseline's whole epoch could take minutes where the best's takes a second) or, with no
+        workers, when the probe says it is (twice its figure, at most: see
+        :meth:`_in_process_rate`)."""
         if self.settings.live or not self.runner.epoch_samples:
             return None
         rate = self.ledger.robust_best()
         own = self.ledger.samples.get(config) if config is not None else None
         if own:
             rate = min(rate, max(own))
+        elif config is not None and not config.num_workers:
+            rate = min(rate, self._in_process_rate(config, self._est))
         return short_epoch_s(
             self.ledger.trials,
             epoch_samples=self.runner.epoch_samples,
@@ -201,6 +220,22 @@ class Search:
     def _fits(self, n: int = 1) -> bool:
         """``n`` more trials fit in what is left of the budget (as long as the typical one)."""
         return self._remaining() >= n * self._typical_wall()
+
+    def _trial_fits(self, config: Config, rate: float) -> bool:
+        """A trial of ``config`` fits in what is left of the budget, judged by its own expected
+        time at ``rate`` samples/s (:func:`plan.trial_s`, plus the run's overhead per trial),
+        not by the run's typical trial: trials differ thirtyfold. A user's batch of 512 samples
+        that wait 9 ms each on storage, with 1 worker, took 30 s of a 60 s budget in the
+        simulator, and the typical trial (that one) then left no room for a probe at batch 16,
+        whose batches come in a thirtieth of the time: the search ended with the user's
+        settings at 0.06 of the best. Without a rate, the typical trial decides."""
+        if rate <= 0:
+            return self._fits(1)
+        window = self._window(config, "probe")
+        wall = overhead_s(self.ledger.trials) + plan.trial_s(
+            config, window, rate, loader_bound=True
+        )
+        return self._remaining() >= wall
 
     def _stop_reason(
         self, space_size: int, n_batch_sizes: int, est: Estimates | None, reserve_s: float
@@ -312,21 +347,38 @@ class Search:
         many seconds. The rate is the best so far or, when higher, half what the probe's
         estimates predict for ``config``: many workers are tried because they are expected to
         be that much faster, and judging their batches by a slow best would skip every setting
-        that could beat it."""
+        that could beat it. Before the exploration has run anything, all of what they predict:
+        then a skip leaves the user's settings as the pick, where an overrun costs one trial's
+        excess (the simulator drew 40 workers, each waiting 15 ms a sample at batch 256: at
+        half their predicted rate no setting fit in the 26 s left, and the pick was 0.03 of
+        the best)."""
         rate = self.ledger.robust_best()
         loader_bound = True  # unknown: the shorter warm-up, so that no setting is skipped wrongly
-        if est is not None and config.num_workers:
+        if est is not None:
             at = est.at(config.batch_size)
             predicted = at.predicted_samples_per_s(config.num_workers)
-            rate = max(rate, 0.5 * predicted)
-            # The workers set the pace only below every other ceiling; at the step's or the
-            # CPUs' the buffer stays full and the whole warm-up drains it.
-            loader_bound = predicted < 0.95 * at.hard_ceiling
+            if config.num_workers:
+                rate = max(rate, (0.5 if self.ledger.n_explored else 1.0) * predicted)
+                # The workers set the pace only below every other ceiling; at the step's or the
+                # CPUs' the buffer stays full and the whole warm-up drains it.
+                loader_bound = predicted < 0.95 * at.hard_ceiling
+            else:
+                rate = min(rate, self._in_process_rate(config, est))
         rounds_s = plan.least_trial_s(config, self._window(config), rate, loader_bound=loader_bound)
         needed = max(self._typical_wall(), rounds_s)
         if self._remaining() - self._confirm_cost() >= needed:
             return None
         return f"a trial would take about {needed:.0f} s, more than the budget has left"
+
+    @staticmethod
+    def _in_process_rate(config: Config, est: Estimates | None) -> float:
+        """The most a trial of ``config`` without workers is expected to make, for its time:
+        twice the probe's model of it (loading and step take turns in one process; no worker
+        count lifts it). Reckoned at the best's rate instead, a trial at batch 512 of 15 ms
+        samples, 8 s a batch, took 24 s and ran 10 s past the budget in the simulator."""
+        if est is None:
+            return math.inf
+        return 2 * est.at(config.batch_size).predicted_samples_per_s(0)
 
     def _confirm_cost(self) -> float:
         """Seconds to keep for the confirmation (see :func:`plan.confirm_cost`)."""
@@ -485,6 +537,7 @@ class Search:
 
     def _run(self, log: StudyLog, t0: float) -> SearchOutcome:
         space, est = self.opening.open(log)
+        self._est = est
         reason, space = self._seed_and_explore(log, space, est)
         winner: Config | None
         if self.settings.live and not self._beats_baseline():

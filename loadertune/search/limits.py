@@ -20,6 +20,17 @@ def typical_wall(trials: Sequence[TrialResult], *, default_s: float) -> float:
     return statistics.median(walls) if walls else default_s
 
 
+def overhead_s(trials: Sequence[TrialResult]) -> float:
+    """The median of what the successful trials took beyond what they measured (first batch,
+    warm-up, window): a launch, the loader built, the workers stopped. 0 before any."""
+    extra = [
+        t.wall_s - (t.measurement.first_batch_s + t.measurement.warmup_s + t.measurement.window_s)
+        for t in trials
+        if t.ok and t.measurement is not None and t.phase != "replay"
+    ]
+    return max(0.0, statistics.median(extra)) if extra else 0.0
+
+
 # An epoch that takes no longer than this many window trials is measured whole (short_epoch_s).
 WHOLE_EPOCH_WITHIN = 2.0
 

@@ -58,6 +58,7 @@ class Opening:
         ledger: the search's ledger, which hears every trial.
         measure: runs trials (the search's, which learns from each).
         fits: whether ``n`` more trials fit in what is left of the budget.
+        trial_fits: whether a trial of this setting, at this rate (samples/s), fits in it.
         observer: hears progress (None: silent).
     """
 
@@ -72,6 +73,7 @@ class Opening:
         ledger: Ledger,
         measure: Measure,
         fits: Callable[[int], bool],
+        trial_fits: Callable[[Config, float], bool],
         observer: Observer | None = None,
     ) -> None:
         self.runner = runner
@@ -82,6 +84,7 @@ class Opening:
         self.ledger = ledger
         self._measure_many = measure
         self._fits = fits
+        self._trial_fits = trial_fits
         self.observer = observer
         self.memory_budget: int | None = None
         self._log: StudyLog | None = None
@@ -192,7 +195,7 @@ class Opening:
         if w0 is None:
             w0 = self._kept_trial("probe", Config(bs))
         if w0 is None:
-            if not self._fits(1):
+            if not self._trial_fits(Config(bs), _in_process_rate(base)):
                 return base, None, None, None
             w0 = self._measure(Config(bs), "probe")
         cap = self.settings.max_workers
@@ -315,3 +318,12 @@ def _load_s_per_sample(w0: TrialResult) -> float:
     if m is None or not m.n_samples:
         return 0.0
     return m.window_s * m.blocked_fraction / m.n_samples
+
+
+def _in_process_rate(base: TrialResult) -> float:
+    """The least a loop that loads in its own process should make, from the baseline's rate
+    ``R`` with ``n`` workers (0 when it has none): each worker loads at ``R / n`` or more and
+    the step runs at ``R`` or more, so both in one process make ``R / (n + 1)`` or more."""
+    if not base.ok or base.measurement is None:
+        return 0.0
+    return base.measurement.samples_per_s / (base.config.num_workers + 1)

@@ -199,17 +199,30 @@ def least_trial_s(config: Config, window: WindowSpec, rate: float, *, loader_bou
     worker's batch: a round of the workers' time), its warm-up (``settled_after`` batches when
     the loader sets the pace and the buffer settles at once, else all of ``warmup_batches``) and
     its window's minimum of batches, each ``batch / rate`` seconds apart. 0 without a rate.
-    A whole epoch's window takes what the epoch is expected to (its ``window_s``)."""
-    if window.whole_epoch:
-        return window.window_s
+    A whole epoch's window takes what the epoch is expected to (its ``window_s``), after its
+    first batch (a trial of 6 workers at batch 512 in the simulator waited 8 s for it, and
+    ran 10 s past the budget)."""
     if rate <= 0:
-        return 0.0
+        return window.window_s if window.whole_epoch else 0.0
     per_batch = config.batch_size / rate
+    first = max(1, config.num_workers) * per_batch
+    if window.whole_epoch:
+        return first + window.window_s
     warmup = window.warmup_batches
     if loader_bound and window.settled_after is not None:
         warmup = min(warmup, window.settled_after)
-    first = max(1, config.num_workers) * per_batch
     return first + (warmup + window.min_window_batches) * per_batch
+
+
+def trial_s(config: Config, window: WindowSpec, rate: float, *, loader_bound: bool) -> float:
+    """What a trial of ``config`` is expected to take at ``rate`` samples/s, launch aside: the
+    least it can (:func:`least_trial_s`), with a window of at least ``window_s`` however fast
+    its batches come. ``window_s`` without a rate."""
+    if window.whole_epoch or rate <= 0:
+        return least_trial_s(config, window, rate, loader_bound=loader_bound) or window.window_s
+    per_batch = config.batch_size / rate
+    short = max(0.0, window.window_s - window.min_window_batches * per_batch)
+    return least_trial_s(config, window, rate, loader_bound=loader_bound) + short
 
 
 def confirm_cost(

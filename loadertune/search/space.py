@@ -48,6 +48,9 @@ class SearchSpace:
         max_in_flight_bytes: bytes that batches in flight may take (shared memory and RAM); a
             setting over it is never tried. None: no limit known.
         bytes_per_sample: size of one collated sample, measured by the probe.
+        worker_bytes: a worker's own memory, its batches in flight aside (None: unknown).
+        workers_ram_bytes: the RAM the budget leaves the workers and their batches in flight,
+            beside the loop's own process; a setting over it is never tried (None: unknown).
         epoch_samples: samples per epoch, when known: ``num_workers`` stays within an epoch's
             batches.
         limits: why ``max_workers`` is what it is (for the report).
@@ -61,6 +64,8 @@ class SearchSpace:
     max_in_flight_bytes: float | None = None
     bytes_per_sample: float | None = None
     epoch_samples: int | None = None
+    worker_bytes: float | None = None
+    workers_ram_bytes: float | None = None
     limits: dict[str, int] = field(default_factory=dict, compare=False)
 
     def batches_per_epoch(self, batch_size: int) -> int | None:
@@ -102,6 +107,14 @@ class SearchSpace:
                 f"{config.in_flight_batches} batches in flight need {in_flight / MIB:.0f} MiB, "
                 f"over the {self.max_in_flight_bytes / MIB:.0f} MiB shared-memory budget"
             )
+        if config.num_workers and self.worker_bytes and self.workers_ram_bytes is not None:
+            need = config.num_workers * self.worker_bytes + (in_flight or 0.0)
+            if need > self.workers_ram_bytes:
+                return (
+                    f"{config.num_workers} workers and their batches in flight need about "
+                    f"{need / MIB:.0f} MiB, over the {self.workers_ram_bytes / MIB:.0f} MiB "
+                    "of RAM the budget leaves them"
+                )
         return None
 
     def configs(self) -> list[Config]:
@@ -162,7 +175,8 @@ def worker_cap(
     waits: no rule of thumb bounds it, only what the wait needs. ``workers_needed`` (the probe's
     rate to reach × wall time per sample) sets the cap with 50% to spare, never below 8 per CPU;
     the search widens it further when its best sits at the edge. The machine bounds it: RAM per
-    worker, the open-file limit, and a hard ceiling.
+    worker (``worker_pss_bytes``, in what the budget leaves the workers), the open-file limit,
+    and a hard ceiling.
     """
     if io_bound:
         cpu = max(usable_cpus * 8, math.ceil(1.5 * (workers_needed or 0)))
