@@ -482,6 +482,19 @@ def test_a_tied_batch_size_whose_batches_outlast_the_window_is_explored_after_th
     assert seeds[1] == Config(256), seeds
 
 
+def test_a_tied_batch_size_whose_rounds_of_workers_outlast_the_window_comes_after_the_others():
+    """A batch of 512 alone takes an eighth of the window, but 11 workers deliver in rounds
+    of 11 such batches, and a trial waits for whole rounds: the batch sizes whose rounds the
+    window bounds go first (in the simulator a first trial of 54 workers at the user's batch
+    of 512 took 40 s of a 60 s budget; at batch 64 a round took under 2 s)."""
+    est = _sleep_bound(usable_cpus=4, max_workers=64)
+    space = SearchSpace(batch_sizes=(16, 64, 512), max_workers=64, limits={"cpu": 64})
+    window_s = 8 * 512 / est.achievable
+    seeds = seed_configs(est, space, batch_size=512, epoch_length_known=False, window_s=window_s)
+    assert [c.batch_size for c in seeds[:3]] == [16, 64, 512], seeds
+    assert seeds[0].num_workers == 11, seeds
+
+
 def test_loading_in_process_at_the_largest_batch_is_seeded_unless_loading_waits_on_io() -> None:
     """The probe measured loading in-process at one batch size; a larger batch spreads the
     fetch's fixed part thinner, which its per-sample figure cannot tell: that setting is tried
