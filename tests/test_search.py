@@ -826,6 +826,31 @@ def test_own_settings_that_take_half_the_budget_leave_the_rest_to_the_search(
     assert outcome.winner.num_workers > 1
 
 
+def test_the_one_worker_probe_is_left_out_when_it_and_the_first_settings_would_not_fit(
+    tmp_path, hw
+) -> None:
+    """Loading in the loop's own process makes 10 samples/s at batch 256: a batch takes 26 s,
+    a trial of one worker minutes. It is left out (the simulator's took 18 s of the 39 s left,
+    and no setting of 8 workers fitted after it); with a batch of 8 it runs."""
+
+    def slow_alone(config: Config) -> float:
+        return 10.0 if config.num_workers == 0 else 500.0 * config.num_workers
+
+    def probes(batch_size: int) -> list[Config]:
+        runner = FakeRunner(slow_alone)
+        Search(
+            runner,
+            hardware=hw,
+            baseline=Config(batch_size),
+            batch_sizes=[batch_size],
+            settings=settings(tmp_path, budget_s=60, study_name=f"w1-{batch_size}"),
+        ).run()
+        return [c for phase, c in runner.log if phase == "probe"]
+
+    assert probes(256) == []
+    assert probes(8) == [Config(8, 1, 2)]
+
+
 def test_gpu_memory_model_bounds_the_batch_size(tmp_path, hw) -> None:
     """Peaks grow 6 MiB per sample on a 6 GiB card: with a 10% margin the line allows 855.
     1024 is within twice that, so it is tried (the line may over-predict) and runs out; 2048 is

@@ -221,8 +221,9 @@ class Search:
         """``n`` more trials fit in what is left of the budget (as long as the typical one)."""
         return self._remaining() >= n * self._typical_wall()
 
-    def _trial_fits(self, config: Config, rate: float) -> bool:
-        """A trial of ``config`` fits in what is left of the budget, judged by its own expected
+    def _trial_fits(self, config: Config, rate: float, n: int = 1) -> bool:
+        """``n`` trials as long as one of ``config`` fit in what is left of the budget, judged
+        by its own expected
         time at ``rate`` samples/s (:func:`plan.trial_s`, plus the run's overhead per trial),
         not by the run's typical trial: trials differ thirtyfold. A user's batch of 512 samples
         that wait 9 ms each on storage, with 1 worker, took 30 s of a 60 s budget in the
@@ -230,12 +231,12 @@ class Search:
         whose batches come in a thirtieth of the time: the search ended with the user's
         settings at 0.06 of the best. Without a rate, the typical trial decides."""
         if rate <= 0:
-            return self._fits(1)
+            return self._fits(n)
         window = self._window(config, "probe")
         wall = overhead_s(self.ledger.trials) + plan.trial_s(
             config, window, rate, loader_bound=True
         )
-        return self._remaining() >= wall
+        return self._remaining() >= n * wall
 
     def _stop_reason(
         self, space_size: int, n_batch_sizes: int, est: Estimates | None, reserve_s: float

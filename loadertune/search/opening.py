@@ -58,7 +58,8 @@ class Opening:
         ledger: the search's ledger, which hears every trial.
         measure: runs trials (the search's, which learns from each).
         fits: whether ``n`` more trials fit in what is left of the budget.
-        trial_fits: whether a trial of this setting, at this rate (samples/s), fits in it.
+        trial_fits: whether ``n`` trials as long as one of this setting, at this rate
+            (samples/s), fit in it.
         observer: hears progress (None: silent).
     """
 
@@ -73,7 +74,7 @@ class Opening:
         ledger: Ledger,
         measure: Measure,
         fits: Callable[[int], bool],
-        trial_fits: Callable[[Config, float], bool],
+        trial_fits: Callable[[Config, float, int], bool],
         observer: Observer | None = None,
     ) -> None:
         self.runner = runner
@@ -195,12 +196,15 @@ class Opening:
         if w0 is None:
             w0 = self._kept_trial("probe", Config(bs))
         if w0 is None:
-            if not self._trial_fits(Config(bs), _in_process_rate(base)):
+            if not self._trial_fits(Config(bs), _in_process_rate(base), 1):
                 return base, None, None, None
             w0 = self._measure(Config(bs), "probe")
         cap = self.settings.max_workers
         # One worker tells a worker's memory and hand-over cost; a baseline with workers told
-        # both already, and a tight budget keeps its trials for the exploration.
+        # both already, and a tight budget keeps its trials for the exploration: the probe
+        # runs where it and the first explored settings, each as long, fit (at batch 256 of
+        # samples that wait 18 ms on storage, one worker's trial took 18 s of the 39 s left in
+        # the simulator, and no setting of 8 workers fitted after it: pick 0.14 of the best).
         one = Config(bs, 1, 2, False, False)
         w1 = self._kept_trial("probe", one) or (base if self.baseline.num_workers else None)
         with_w1 = (
@@ -208,6 +212,7 @@ class Opening:
             and (cap is None or cap >= 1)
             and self.baseline.num_workers == 0
             and self._fits(2 + plan.MIN_EXPLORED)
+            and self._trial_fits(one, w0.samples_per_s or 0.0, 1 + plan.MIN_EXPLORED)
         )
         planned: list[tuple[Config, str]] = []
         kept = {t.config: t for t in self._kept if t.phase == "replay"}
