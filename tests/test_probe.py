@@ -509,15 +509,15 @@ def test_loading_in_process_at_the_largest_batch_is_seeded_unless_loading_waits_
     assert all(c.num_workers for c in seeds), seeds  # the probe measured it already
 
 
-def test_the_ram_cap_counts_a_worker_at_the_smallest_batch_not_at_the_baselines() -> None:
-    """The baseline's 4 workers at batch 384, prefetch 2, each held 1 GiB in all: 768 MiB of
-    batches (1 MiB samples) and 256 MiB of its own. With 8 GiB for the tree and 1 GiB for the
-    main process, counting whole workers caps at 7 (as the simulator's 13 where 35 was best);
-    a worker at batch 16 with one batch in flight takes 272 MiB: 26 fit. The space then turns
-    down each setting whose workers and batches do not fit."""
+def test_the_ram_cap_counts_one_small_batch_per_worker_in_the_ram_left_beside_the_main() -> None:
+    """The baseline's 4 workers held 256 MiB each (torch's batches in flight sit in /dev/shm,
+    not in a worker's memory) and its main process 1 GiB, of an 8 GiB budget: 7 GiB for the
+    workers, each with at least one batch of 16 samples of 1 MiB in flight, 272 MiB: 26 fit.
+    The space then turns down each setting whose workers and batches do not fit: a deep buffer
+    of large batches where a shallow one of small batches fits."""
     mib, gib = 2**20, 2**30
     base = _result(Config(384, 4, 2), samples_per_s=100.0, blocked=0.9, phase="baseline")
-    base.resources = ResourceUsage(n_workers=4, pss_bytes=gib + 4 * gib, worker_pss_bytes=gib)
+    base.resources = ResourceUsage(n_workers=4, pss_bytes=2 * gib, worker_pss_bytes=256 * mib)
     w0 = _result(Config(16), samples_per_s=50.0, blocked=0.95, blocked_cpu=0.05)
     hw = dataclasses.replace(detect(), usable_cpus=4, shm_free_bytes=None, open_files_limit=2**20)
     space = space_for(
@@ -534,6 +534,7 @@ def test_the_ram_cap_counts_a_worker_at_the_smallest_batch_not_at_the_baselines(
         ram_budget_bytes=8 * gib,
     )
     assert space.worker_bytes == 256 * mib
+    assert space.workers_ram_bytes == 7 * gib
     assert space.limits["ram"] == (7 * gib) // (272 * mib) == 26
     assert space.rejects(Config(16, 20, 1)) is None  # 20 x 256 + 20 x 16 MiB = 5440 MiB
     assert "RAM" in (space.rejects(Config(384, 8, 2)) or "")  # 8 x 256 + 16 x 384 MiB

@@ -382,23 +382,6 @@ def seed_configs(
     return seeds[:limit]
 
 
-def worker_own_bytes(w1: TrialResult | None, bytes_per_sample: float | None) -> int | None:
-    """A worker's own memory, its batches in flight aside, from what ``w1`` saw (None:
-    unknown). The memory seen holds the worker's batches in flight (``prefetch_factor`` of
-    them), which at a large batch of large samples are most of it: counted whole, they capped
-    4 CPUs at 13 workers in the simulator, from a baseline of 4 at batch 512, where the best
-    was 35 at batch 16. At least a quarter of what was seen is kept as the worker's own (where
-    the batches do not count in a worker's memory, less comes off)."""
-    usage = w1.resources if w1 is not None else None
-    if w1 is None or usage is None or not usage.worker_pss_bytes:
-        return None
-    seen = usage.worker_pss_bytes
-    if not bytes_per_sample or not w1.config.num_workers:
-        return seen
-    batches = (w1.config.prefetch_factor or 2) * w1.config.batch_size * bytes_per_sample
-    return int(max(seen - batches, seen / 4))
-
-
 def main_bytes(w1: TrialResult | None) -> int:
     """The trial's main processes' memory in ``w1`` (its tree's less its workers'); 0 unknown."""
     usage = w1.resources if w1 is not None else None
@@ -430,7 +413,10 @@ def space_for(
     io_bound = m0 is not None and (m0.blocked_cpu_fraction or 1.0) < IO_BOUND_CPU_FRACTION
     ranks = settings.ranks
     cpus = max(1, hw.usable_cpus // ranks)
-    own = worker_own_bytes(w1, bytes_per_sample)
+    # A worker's memory as seen: torch's batches in flight sit in /dev/shm, not in it (two
+    # workers at prefetch 1 and 4 of 32 MiB batches held 95 and 98 MiB each on this machine).
+    usage = w1.resources if w1 is not None else None
+    own = usage.worker_pss_bytes if usage is not None and usage.worker_pss_bytes else None
     workers_ram = (ram_budget_bytes - main_bytes(w1)) / ranks if ram_budget_bytes else None
     if workers_ram is not None and workers_ram <= 0:  # a quirk of the figures: no rule from them
         workers_ram = None
