@@ -152,7 +152,7 @@ class Search:
         best rate so far, or at ``config``'s own when this run measured it slower (a slow
         baseline's whole epoch could take minutes where the best's takes a second) or, with no
         workers, when the probe says it is (twice its figure, at most: see
-        :meth:`_in_process_rate`)."""
+        :meth:`_in_process_ceiling`)."""
         if self.settings.live or not self.runner.epoch_samples:
             return None
         rate = self.ledger.robust_best()
@@ -160,7 +160,7 @@ class Search:
         if own:
             rate = min(rate, max(own))
         elif config is not None and not config.num_workers:
-            rate = min(rate, self._in_process_rate(config, self._est))
+            rate = min(rate, self._in_process_ceiling(config, self._est))
         return short_epoch_s(
             self.ledger.trials,
             epoch_samples=self.runner.epoch_samples,
@@ -223,13 +223,13 @@ class Search:
 
     def _trial_fits(self, config: Config, rate: float, n: int = 1) -> bool:
         """``n`` trials as long as one of ``config`` fit in what is left of the budget, judged
-        by its own expected
-        time at ``rate`` samples/s (:func:`plan.trial_s`, plus the run's overhead per trial),
-        not by the run's typical trial: trials differ thirtyfold. A user's batch of 512 samples
-        that wait 9 ms each on storage, with 1 worker, took 30 s of a 60 s budget in the
-        simulator, and the typical trial (that one) then left no room for a probe at batch 16,
-        whose batches come in a thirtieth of the time: the search ended with the user's
-        settings at 0.06 of the best. Without a rate, the typical trial decides."""
+        by its own expected time at ``rate`` samples/s (:func:`plan.trial_s`, plus the run's
+        overhead per trial), not by the run's typical trial: trials differ thirtyfold. A
+        user's batch of 512 samples that wait 9 ms each on storage, with 1 worker, took 30 s of
+        a 60 s budget in the simulator, and the typical trial (that one) then left no room for
+        a probe at batch 16, whose batches come in a thirtieth of the time: the search ended
+        with the user's settings at 0.06 of the best. Without a rate, the typical trial
+        decides."""
         if rate <= 0:
             return self._fits(n)
         window = self._window(config, "probe")
@@ -363,7 +363,7 @@ class Search:
                 # CPUs' the buffer stays full and the whole warm-up drains it.
                 loader_bound = predicted < 0.95 * at.hard_ceiling
             else:
-                rate = min(rate, self._in_process_rate(config, est))
+                rate = min(rate, self._in_process_ceiling(config, est))
         rounds_s = plan.least_trial_s(config, self._window(config), rate, loader_bound=loader_bound)
         needed = max(self._typical_wall(), rounds_s)
         if self._remaining() - self._confirm_cost() >= needed:
@@ -371,7 +371,7 @@ class Search:
         return f"a trial would take about {needed:.0f} s, more than the budget has left"
 
     @staticmethod
-    def _in_process_rate(config: Config, est: Estimates | None) -> float:
+    def _in_process_ceiling(config: Config, est: Estimates | None) -> float:
         """The most a trial of ``config`` without workers is expected to make, for its time:
         twice the probe's model of it (loading and step take turns in one process; no worker
         count lifts it). Reckoned at the best's rate instead, a trial at batch 512 of 15 ms

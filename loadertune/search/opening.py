@@ -196,7 +196,7 @@ class Opening:
         if w0 is None:
             w0 = self._kept_trial("probe", Config(bs))
         if w0 is None:
-            if not self._trial_fits(Config(bs), _in_process_rate(base), 1):
+            if not self._trial_fits(Config(bs), _in_process_floor(base), 1):
                 return base, None, None, None
             w0 = self._measure(Config(bs), "probe")
         cap = self.settings.max_workers
@@ -325,7 +325,7 @@ def _load_s_per_sample(w0: TrialResult) -> float:
     return m.window_s * m.blocked_fraction / m.n_samples
 
 
-def _in_process_rate(base: TrialResult) -> float:
+def _in_process_floor(base: TrialResult) -> float:
     """The least a loop that loads in its own process should make, from the baseline's rate
     ``R`` with ``n`` workers (0 when it has none): each worker loads at ``R / n`` or more and
     the step runs at ``R`` or more, so both in one process make ``R / (n + 1)`` or more."""

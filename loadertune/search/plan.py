@@ -218,11 +218,13 @@ def trial_s(config: Config, window: WindowSpec, rate: float, *, loader_bound: bo
     """What a trial of ``config`` is expected to take at ``rate`` samples/s, launch aside: the
     least it can (:func:`least_trial_s`), with a window of at least ``window_s`` however fast
     its batches come. ``window_s`` without a rate."""
-    if window.whole_epoch or rate <= 0:
-        return least_trial_s(config, window, rate, loader_bound=loader_bound) or window.window_s
+    if rate <= 0:
+        return window.window_s
+    least = least_trial_s(config, window, rate, loader_bound=loader_bound)
+    if window.whole_epoch:
+        return least
     per_batch = config.batch_size / rate
-    short = max(0.0, window.window_s - window.min_window_batches * per_batch)
-    return least_trial_s(config, window, rate, loader_bound=loader_bound) + short
+    return least + max(0.0, window.window_s - window.min_window_batches * per_batch)
 
 
 def confirm_cost(

@@ -413,8 +413,9 @@ def space_for(
     io_bound = m0 is not None and (m0.blocked_cpu_fraction or 1.0) < IO_BOUND_CPU_FRACTION
     ranks = settings.ranks
     cpus = max(1, hw.usable_cpus // ranks)
-    # A worker's memory as seen: torch's batches in flight sit in /dev/shm, not in it (two
-    # workers at prefetch 1 and 4 of 32 MiB batches held 95 and 98 MiB each on this machine).
+    # A worker's memory as seen: torch's batches in flight sit in /dev/shm, not in it (with
+    # 32 MiB batches, prefetch 1 -> 4 added 192 MiB to /dev/shm and at most 34 MiB to a
+    # worker: python scripts/bench_worker_memory.py).
     usage = w1.resources if w1 is not None else None
     own = usage.worker_pss_bytes if usage is not None and usage.worker_pss_bytes else None
     workers_ram = (ram_budget_bytes - main_bytes(w1)) / ranks if ram_budget_bytes else None

@@ -48,7 +48,8 @@ class SearchSpace:
         max_in_flight_bytes: bytes that batches in flight may take (shared memory and RAM); a
             setting over it is never tried. None: no limit known.
         bytes_per_sample: size of one collated sample, measured by the probe.
-        worker_bytes: a worker's own memory, its batches in flight aside (None: unknown).
+        worker_bytes: a worker's memory as measured (torch's batches in flight sit in
+            ``/dev/shm``, apart from it; None: unknown).
         workers_ram_bytes: the RAM the budget leaves the workers and their batches in flight,
             beside the loop's own process; a setting over it is never tried (None: unknown).
         epoch_samples: samples per epoch, when known: ``num_workers`` stays within an epoch's
