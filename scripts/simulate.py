@@ -617,6 +617,13 @@ class SimRunner(BaseRunner):
     ) -> TrialResult:
         config = config or self.w.baseline
         result, wall = self._trial(config, window, limits, phase, should_stop)
+        ends_by = getattr(limits, "ends_by", None)  # (older commits' Limits have none)
+        if ends_by is not None and self.clock.now + wall > ends_by:  # the supervisor cuts it
+            at = max(0.0, ends_by - self.clock.now)
+            result = TrialResult(config, phase=phase, epoch_samples=self.w.epoch_samples)
+            result.skipped = f"stopped at the search's deadline, {at:.0f} s into the trial"
+            wall = at + (KILL_S if self.mode == "script" else 0.02 + 0.005 * config.num_workers)
+            self.launch_left = 0.0  # a script's launch is killed
         result.wall_s = wall
         if result.failure is not None or not self.w.hot_swap:
             self.launch_left = 0.0  # the launch was killed, or runs one setting only
@@ -1128,6 +1135,8 @@ def report(
         f"over budget: {sum(o > 0 for o in over)} searches, at most {max(0.0, max(over)):.1f} s, "
         f"by over 10%: {sum(o > 0.1 * budget_s for o in over)}"
     )
+    longest = sorted(scores, key=lambda s: s.sim_s, reverse=True)[:3]
+    p("  longest             " + "  ".join(f"#{s.index} {s.sim_s:.1f} s" for s in longest))
     real = [s.real_s for s in scores]
     p(f"real s per search     median {statistics.median(real):.3f}  max {max(real):.3f}")
     p(f"stop reasons          {dict(Counter(s.stop_reason for s in scores).most_common())}")

@@ -110,6 +110,26 @@ def test_a_hung_worker_times_out() -> None:
     assert result.failure is not None and "worker_init_fn" in result.failure.advice
 
 
+def test_a_trial_running_at_the_search_deadline_is_cut_skipped_not_failed() -> None:
+    """``Limits.ends_by``: a trial still in its (long) window at the search's deadline stops
+    there, its workers with it, and is recorded as skipped: no rate, and no failure that would
+    rule its setting (or larger ones) out."""
+    runner = InlineRunner(SleepDataset(n=100000, sleep_s=0.02))
+    t0 = time.monotonic()
+    result = run(
+        runner,
+        Config(8, 2, 2),
+        window_s=60,
+        limits=Limits(hang_s=5, startup_s=20, timeout_s=120, ends_by=t0 + 2.0),
+    )
+    assert time.monotonic() - t0 < 15
+    assert result.failure is None and not result.ok and result.status == "skipped"
+    assert result.skipped is not None and "deadline" in result.skipped
+    assert result.samples_per_s is None and result.measurement is None
+    assert not multiprocessing.active_children()
+    assert run(runner, Config(8, 2, 2)).ok  # the same setting, without a deadline
+
+
 def test_a_hung_step_is_interrupted() -> None:
     calls = {"n": 0}
 

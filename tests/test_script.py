@@ -138,6 +138,27 @@ def test_memory_budget_stops_a_script_trial() -> None:
     assert tree_pss(1) >= 0  # (the trial's tree is gone; nothing to measure)
 
 
+def test_a_script_trial_running_at_the_search_deadline_is_cut_and_the_next_launches_anew() -> None:
+    """A script trial still in its window at the search's deadline (``Limits.ends_by``): its
+    launch is stopped, the trial recorded as skipped, not failed; the next trial of the same
+    runner starts a fresh launch and measures (the autouse fixture: nothing survives)."""
+    runner = ScriptRunner(SCRIPTS / "slow_samples.py", loader=1)
+    config = Config(8, 2, 2)
+    try:
+        t0 = time.monotonic()
+        limits = Limits(timeout_s=120, startup_s=30, hang_s=5, ends_by=t0 + 6.0)
+        cut = runner.run(config, window=window_for(config, window_s=60), limits=limits)
+        assert time.monotonic() - t0 < 25
+        assert cut.failure is None and cut.status == "skipped" and cut.measurement is None
+        assert cut.skipped is not None and "deadline" in cut.skipped
+        limits = Limits(timeout_s=60, startup_s=30, hang_s=5)
+        after = runner.run(config, window=window_for(config, window_s=0.5), limits=limits)
+        assert after.ok, after.failure
+        assert runner.n_launches == 2
+    finally:
+        runner.close()
+
+
 def test_a_clearly_worse_trial_is_pruned_mid_window() -> None:
     result = run("style_alias.py", Config(16), window_s=2.0, should_stop=lambda i, rate: i >= 0)
     assert result.pruned and result.measurement is not None

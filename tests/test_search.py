@@ -1122,8 +1122,8 @@ def test_a_replay_measured_below_the_baseline_does_not_end_the_search_at_once(tm
 
 def test_a_trial_that_would_outlast_the_budget_is_not_started(tmp_path, hw) -> None:
     """It must receive its first batch (a round of its 8 workers' time), a round of warm-up and
-    its window's 8 batches: at 100 samples/s, 24 batches of 512 take 123 s, whatever the
-    typical trial took."""
+    its window's 8 batches, at the pace of the best's workers (4 made 100 samples/s: 8 make
+    200): 24 batches of 512 take 61 s, whatever the typical trial took."""
     search = Search(
         FakeRunner(io_landscape),
         hardware=hw,
@@ -1133,7 +1133,7 @@ def test_a_trial_that_would_outlast_the_budget_is_not_started(tmp_path, hw) -> N
     )
     search._deadline = time.monotonic() + 10
     search.ledger.values[Config(32, 4, 2)] = 100.0
-    assert "123 s" in (search._past_the_budget(Config(512, 8, 2)) or "")
+    assert "61 s" in (search._past_the_budget(Config(512, 8, 2)) or "")
     assert search._past_the_budget(Config(32, 1, 2)) is None
     search._deadline = time.monotonic() + 130
     assert search._past_the_budget(Config(512, 8, 2)) is None
@@ -1173,18 +1173,30 @@ def _search_with_best(tmp_path, hw, best: Config, value: float, *, left_s: float
 def test_many_workers_are_judged_at_the_rate_the_estimates_predict_not_the_slow_best(
     tmp_path, hw
 ) -> None:
-    """Loading waits on I/O: the best so far (2 workers) makes 100 samples/s, and the probe
-    predicts 64 workers make 3200. Judged at the slow best, their trial would take minutes and
-    never start; at half the predicted rate it takes seconds."""
+    """Loading waits on I/O: the best so far (16 workers) makes 100 samples/s, and the probe
+    predicts 64 workers make 3200. Judged at the best's pace per worker, their trial would take
+    most of a minute and never start; at half the predicted rate it takes seconds."""
     est = _estimates()
     assert est.predicted_samples_per_s(64) == pytest.approx(3200)
-    search = _search_with_best(tmp_path, hw, Config(128, 2, 2), 100.0, left_s=30)
+    search = _search_with_best(tmp_path, hw, Config(128, 16, 2), 100.0, left_s=30)
     many = Config(128, 64, 2)
-    assert "budget" in (search._past_the_budget(many) or "")  # 130 batches at 100/s
+    assert "budget" in (search._past_the_budget(many) or "")  # 130 batches at 400/s
     assert search._past_the_budget(many, est) is None  # 130 batches at 1600/s: 10 s
 
 
-def test_a_whole_epochs_trial_is_timed_from_its_first_batch() -> None:
+def test_without_estimates_more_workers_are_timed_at_the_pace_of_the_workers_measured(
+    tmp_path, hw
+) -> None:
+    """No probe fitted (the user's one worker at batch 256 of 18 ms samples took 25 s): its
+    49 samples/s are one worker's pace, and 16 workers are timed at 16 times it, their first
+    batch a worker's 5 s. Timed at 49 samples/s, a round of 16 batches took 84 s, every setting
+    with workers was skipped, and the search ended at the user's settings, 0.065 of the best,
+    in the simulator."""
+    search = _search_with_best(tmp_path, hw, Config(256, 1, 2), 48.7, left_s=35)
+    assert search._past_the_budget(Config(256, 16, 2)) is None
+    search._deadline = time.monotonic() + 4  # less than a worker's first batch
+    assert "budget" in (search._past_the_budget(Config(256, 16, 2)) or "")
+
     """6 workers at batch 512 and 200 samples/s: each worker's first batch takes 15 s, then the
     epoch's 4 s (the simulator's ran 10 s past the budget, timed by its epoch alone)."""
     from loadertune.search import plan
@@ -1307,3 +1319,38 @@ def test_no_trial_has_more_workers_than_an_epoch_has_batches(tmp_path, hw) -> No
     outcome = search_at_32(runner, hw, settings(tmp_path, budget_s=20, patience=30), 256)
     assert max(c.num_workers for _, c in runner.log) <= 8
     assert outcome.winner.num_workers == 8
+
+
+def test_trials_cut_at_the_deadline_are_skipped_and_rule_nothing_out(tmp_path, hw) -> None:
+    """The exploration's and the confirmation's trials carry the search's deadline
+    (``Limits.ends_by``), the opening's do not (its figures are the estimates' input); a trial
+    the runner cut there (:func:`~loadertune.trials.runner.cut`) is skipped in the outcome and
+    pruned in the study, neither a figure nor a failure of its setting."""
+    from loadertune.measure.failures import FailureKind
+    from loadertune.trials.runner import cut
+
+    class Cutting(FakeRunner):
+        def run(self, config, *, window, limits, phase="search", should_stop=None):
+            result = super().run(
+                config, window=window, limits=limits, phase=phase, should_stop=should_stop
+            )
+            n_search = sum(p == "search" for p, _ in self.log)
+            if phase == "confirm" or (phase == "search" and n_search == 3):
+                result.measurement = None
+                result.failure = Failure(FailureKind.CUT, "stopped at the search's deadline", "")
+            return cut(result)
+
+    runner = Cutting(io_landscape)
+    s = settings(tmp_path, budget_s=20.0, study_name="cut")
+    outcome = _search(runner, s, hw)
+    deadline = {phase: limits.ends_by for phase, limits in runner.limits}
+    assert {phase for phase, at in deadline.items() if at is not None} == {"search", "confirm"}
+    assert deadline["search"] == deadline["confirm"]
+    skipped = [t for t in outcome.trials if t.status == "skipped"]
+    assert skipped and all("deadline" in (t.skipped or "") for t in skipped)
+    assert {t.phase for t in skipped} == {"search", "confirm"}
+    assert all(t.failure is None for t in skipped)
+    assert outcome.winner in outcome.values  # picked from figures measured
+    study = optuna.load_study(study_name="cut", storage=s.storage)
+    states = {t.user_attrs.get("result", {}).get("status"): t.state for t in study.trials}
+    assert states["skipped"] == optuna.trial.TrialState.PRUNED

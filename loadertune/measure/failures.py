@@ -50,6 +50,9 @@ class FailureKind(str, Enum):
     NOT_APPLIED = "not_applied"  # the loader ran with other settings than the trial's
     # The user's step or script raised while it received a batch size the search chose
     BATCH_SIZE_REJECTED = "batch_size_rejected"
+    # The search's deadline came mid-trial (``Limits.ends_by``): no fault of the setting, and
+    # never recorded as one; the runner records the trial as skipped (see ``BaseRunner.run``)
+    CUT = "cut"
 
     def __str__(self) -> str:
         return self.value

@@ -168,10 +168,19 @@ class Search:
             default_wall_s=self.settings.trial_window_s + 1.0,
         )
 
-    def _request(self, config: Config | None, phase: str, prunable: bool) -> TrialRequest:
+    def _request(
+        self, config: Config | None, phase: str, prunable: bool, *, cut: bool = True
+    ) -> TrialRequest:
         window, limits = self._window(config, phase), self._limits()
         if window.whole_epoch:  # it may wait out the loop's rest (validation) after an epoch
             limits = dataclasses.replace(limits, rest_s=limits.startup_s)
+        if cut and phase in ("search", "confirm") and not self.settings.live:
+            # A trial of the exploration or the confirmation ends with the budget, cut rather
+            # than failed: one predicted to fit may run far longer (a storage that serves 7
+            # requests at once, which the probe cannot see, made 49 workers fill a buffer of
+            # 196 batches for 29 s, and the search ran 37 s past its budget of 60 s in the
+            # simulator; a confirmation's whole epoch begun mid-epoch waits for the next).
+            limits = dataclasses.replace(limits, ends_by=self._deadline)
         return TrialRequest(window, limits, phase, self._prune_rule if prunable else None)
 
     def _measure(self, config: Config | None, phase: str, *, prunable: bool = False) -> TrialResult:
@@ -184,10 +193,15 @@ class Search:
         *,
         prunable: bool = False,
         go_on: Callable[[TrialResult], bool] | None = None,
+        uncut: Config | None = None,
     ) -> list[TrialResult]:
         """Run ``planned`` trials (setting, phase) in turn, learning from each as it comes;
-        ``go_on(result)`` False stops the batch there. The limits are those known now."""
-        requests = [(c, self._request(c, phase, prunable)) for c, phase in planned]
+        ``go_on(result)`` False stops the batch there. The limits are those known now; the
+        trial of ``uncut`` goes on past the deadline."""
+        requests = [
+            (c, self._request(c, phase, prunable, cut=c is None or c != uncut))
+            for c, phase in planned
+        ]
         if self.observer:
             self.observer.trial_started(*planned[0])
 
@@ -364,11 +378,30 @@ class Search:
                 loader_bound = predicted < 0.95 * at.hard_ceiling
             else:
                 rate = min(rate, self._in_process_ceiling(config, est))
-        rounds_s = plan.least_trial_s(config, self._window(config), rate, loader_bound=loader_bound)
-        needed = max(self._typical_wall(), rounds_s)
+        elif config.num_workers:
+            rate = max(rate, config.num_workers * self._worker_pace())
+        window = self._window(config)
+        if rate > 0:  # its own expected time: the run's typical trial may be a slow setting's
+            needed = overhead_s(self.ledger.trials) + plan.trial_s(
+                config, window, rate, loader_bound=loader_bound
+            )
+        else:
+            needed = self._typical_wall()
         if self._remaining() - self._confirm_cost() >= needed:
             return None
         return f"a trial would take about {needed:.0f} s, more than the budget has left"
+
+    def _worker_pace(self) -> float:
+        """The most samples/s a worker made in a setting measured with workers (0: none yet):
+        without the probe's estimates, what times a setting of more workers. Its batches come
+        that much faster; reckoned at the best's rate instead, 10 workers at batch 256 of
+        samples that take 18 ms each were timed at 163 s (the user's one worker made 49/s)
+        and every setting with workers was skipped: the search ended at the user's settings,
+        0.065 of the best, in the simulator."""
+        return max(
+            (v / c.num_workers for c, v in self.ledger.values.items() if c.num_workers),
+            default=0.0,
+        )
 
     @staticmethod
     def _in_process_ceiling(config: Config, est: Estimates | None) -> float:
@@ -425,6 +458,7 @@ class Search:
         )
         if rounds < 1 and not unmeasured:
             return None
+        uncut = [finalists[0]] if unmeasured else []  # its first trial only
 
         def run_in_turn(
             configs: Sequence[Config], on_result: Callable[[TrialResult], bool]
@@ -433,7 +467,8 @@ class Search:
                 log.record(space, result)
                 return on_result(result)
 
-            self._measure_many([(c, "confirm") for c in configs], go_on=recorded)
+            first = uncut.pop() if uncut and configs[0] == uncut[0] else None
+            self._measure_many([(c, "confirm") for c in configs], go_on=recorded, uncut=first)
 
         return confirm(
             run_in_turn,

@@ -2,6 +2,8 @@
 
 The budget decides whether a trial starts (the driver's stop rules); a limit cut to what is
 left of it would turn the tuner's own budget into the user's "timeout" or "no loader" error.
+An exploring trial still running at the deadline is stopped there (``Limits.ends_by``) and
+recorded as skipped, not failed.
 """
 
 from __future__ import annotations

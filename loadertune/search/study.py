@@ -260,7 +260,7 @@ class StudyLog:
         trial.set_user_attr("result", result.to_dict())
         if result.failure is not None:
             self.study.tell(trial, state=TrialState.FAIL)
-        elif result.pruned:
+        elif result.pruned or result.skipped is not None:  # (skipped: cut at the deadline)
             subs = result.measurement.sub_window_samples_per_s if result.measurement else []
             for i, rate in enumerate(subs):
                 trial.report(rate, i)
@@ -322,7 +322,8 @@ class StudyLog:
         if result.failure is not None:
             state = TrialState.FAIL
         else:
-            state = TrialState.PRUNED if result.pruned else TrialState.COMPLETE
+            stopped = result.pruned or result.skipped is not None  # (cut at the deadline)
+            state = TrialState.PRUNED if stopped else TrialState.COMPLETE
         self.study.add_trial(
             optuna.trial.create_trial(
                 params=_params(result.config),

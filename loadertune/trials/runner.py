@@ -41,6 +41,9 @@ class Limits:
         rest_s: how long the loader may rest between two of its epochs in a trial (the loop
             is elsewhere: validation); None: ``hang_s``. A whole-epoch trial begun mid-epoch
             always waits for the next epoch, which comes after such a rest.
+        ends_by: a ``time.monotonic()`` value, the search's deadline: a trial still running
+            then is stopped and recorded as skipped (:func:`cut`), neither a failure of its
+            setting nor a rate. None: no deadline.
     """
 
     timeout_s: float = 60.0
@@ -48,6 +51,7 @@ class Limits:
     hang_s: float = 10.0
     memory_budget_bytes: int | None = None
     rest_s: float | None = None
+    ends_by: float | None = None
 
     @property
     def worker_timeout_s(self) -> float:
@@ -257,6 +261,14 @@ class TrialRequest:
 OnResult = Callable[[TrialResult], bool]  # one trial's result -> go on with the next?
 
 
+def cut(result: TrialResult) -> TrialResult:
+    """``result``, skipped when the search's deadline stopped it (``Limits.ends_by``): what
+    its window had measured is no rate of its setting, and the stop no failure of it."""
+    if result.failure is not None and result.failure.kind == FailureKind.CUT:
+        result.skipped, result.failure, result.measurement = result.failure.message, None, None
+    return result
+
+
 def empty_window(result: TrialResult) -> TrialResult:
     """``result``, failed when its window received no sample: a rate of 0 is no measurement
     (a new-user trial of a script behind a thread prefetcher recorded one as "ok", 27 workers
@@ -294,7 +306,8 @@ class BaseRunner:
         """Measure ``config`` (None: the workload's own settings). ``phase="replay"`` replays one
         cached batch through the step instead of loading."""
         t0 = time.perf_counter()
-        result = empty_window(self._trial(config, TrialRequest(window, limits, phase, should_stop)))
+        request = TrialRequest(window, limits, phase, should_stop)
+        result = empty_window(cut(self._trial(config, request)))
         result.bytes_per_sample = self.bytes_per_sample
         result.wall_s = time.perf_counter() - t0
         return result

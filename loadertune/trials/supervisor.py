@@ -137,6 +137,12 @@ class Supervisor:
         lim = self.limits
         if self.sampler.budget_hit is not None and lim.memory_budget_bytes is not None:
             return failures.memory_budget(self.sampler.budget_hit, lim.memory_budget_bytes)
+        if lim.ends_by is not None and now > lim.ends_by:
+            return Failure(
+                FailureKind.CUT,
+                f"stopped at the search's deadline, {now - self.t_start:.0f} s into the trial",
+                "a larger budget (--budget, budget_s=) gives such a setting time to be measured",
+            )
         if now - self.t_start > lim.timeout_s:
             return Failure(
                 FailureKind.TIMEOUT,
