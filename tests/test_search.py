@@ -1354,3 +1354,18 @@ def test_trials_cut_at_the_deadline_are_skipped_and_rule_nothing_out(tmp_path, h
     study = optuna.load_study(study_name="cut", storage=s.storage)
     states = {t.user_attrs.get("result", {}).get("status"): t.state for t in study.trials}
     assert states["skipped"] == optuna.trial.TrialState.PRUNED
+
+
+def test_more_workers_are_timed_at_the_pace_measured_up_to_their_prediction(tmp_path, hw) -> None:
+    """2 workers made 100 samples/s: 50 each. 32 workers are predicted 800 (the CPUs'
+    ceiling); at that pace they would make 1600, so they are timed at 800, not at half the
+    prediction: a trial of about 15 s, not 31 s. At half, a user's 16 workers at batch 256
+    (44 samples/s each) stayed the best, 0.50 of it, as 33 workers did not fit, in the
+    simulator."""
+    est = _estimates(cpu_ceiling=800.0)
+    many = Config(128, 32, 4)
+    assert est.at(128).predicted_samples_per_s(32) == pytest.approx(800)
+    search = _search_with_best(tmp_path, hw, Config(128, 2, 2), 100.0, left_s=20)
+    assert search._past_the_budget(many, est) is None
+    search.ledger.values = {Config(128, 16, 2): 100.0}  # 6 a worker: 200 for 32
+    assert "budget" in (search._past_the_budget(many, est) or "")

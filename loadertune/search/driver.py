@@ -372,14 +372,14 @@ class Search:
             at = est.at(config.batch_size)
             predicted = at.predicted_samples_per_s(config.num_workers)
             if config.num_workers:
-                rate = max(rate, 0.5 * predicted)
+                rate = max(rate, 0.5 * predicted, min(predicted, self._workers_pace(config)))
                 # The workers set the pace only below every other ceiling; at the step's or the
                 # CPUs' the buffer stays full and the whole warm-up drains it.
                 loader_bound = predicted < 0.95 * at.hard_ceiling
             else:
                 rate = min(rate, self._in_process_ceiling(config, est))
         elif config.num_workers:
-            rate = max(rate, config.num_workers * self._worker_pace())
+            rate = max(rate, self._workers_pace(config))
         window = self._window(config)
         if rate > 0:  # its own expected time: the run's typical trial may be a slow setting's
             needed = overhead_s(self.ledger.trials) + plan.trial_s(
@@ -391,17 +391,18 @@ class Search:
             return None
         return f"a trial would take about {needed:.0f} s, more than the budget has left"
 
-    def _worker_pace(self) -> float:
-        """The most samples/s a worker made in a setting measured with workers (0: none yet):
-        without the probe's estimates, what times a setting of more workers. Its batches come
-        that much faster; reckoned at the best's rate instead, 10 workers at batch 256 of
-        samples that take 18 ms each were timed at 163 s (the user's one worker made 49/s)
-        and every setting with workers was skipped: the search ended at the user's settings,
-        0.065 of the best, in the simulator."""
-        return max(
+    def _workers_pace(self, config: Config) -> float:
+        """``config``'s workers at the most samples/s a worker made in a setting measured with
+        workers (0: none yet), what times a setting of more workers: without the probe's
+        estimates (reckoned at the best's rate instead, 10 workers at batch 256 of samples
+        that take 18 ms each were timed at 163 s, as the user's one worker made 49/s, and
+        every setting with workers was skipped: the search ended at the user's settings, 0.065
+        of the best, in the simulator), and with them up to their prediction."""
+        pace = max(
             (v / c.num_workers for c, v in self.ledger.values.items() if c.num_workers),
             default=0.0,
         )
+        return config.num_workers * pace
 
     @staticmethod
     def _in_process_ceiling(config: Config, est: Estimates | None) -> float:
