@@ -53,10 +53,12 @@ batch from a worker in ``recv(B) = r0 + r1*B*S`` (inside ``next()``).
   first batch; ``startup(n) = s0*(1 + 0.05*(n - 1))``); the steady rate when ``N`` is unknown.
 * Failures: GPU out of memory when ``g0 + g1*B`` exceeds the card; a Bus error (``/dev/shm``) when
   ``(n*pf + 1)*B*S`` (the batches in flight and the one the step holds) exceeds the free shared
-  memory; the driver's host-memory budget when the trial's tree
-  ``main_pss + n*(worker_pss + pf*B*S)`` exceeds it (``main_pss`` is in the budget inline, not for
-  a script: the script is the trial's own process); the driver's start-up, hang and trial time
-  limits, enforced on the trial's simulated times.
+  memory; the driver's host-memory budget when the trial's tree ``main_pss + n*worker_pss + B*S``
+  (its PSS: the batches in flight sit in ``/dev/shm``, mapped by no process, as torch's do:
+  ``scripts/bench_worker_memory.py``) exceeds it (``main_pss`` is in the budget inline, not for
+  a script: the script is the trial's own process); the OOM killer (a worker killed) when the
+  workers and the shared memory, ``n*worker_pss + (n*pf + 1)*B*S``, exceed the available RAM;
+  the driver's start-up, hang and trial time limits, enforced on the trial's simulated times.
 * Noise: per trial a log-normal factor (sigma drawn in 5..30% per workload, for a window of
   ``NOISE_REF_WINDOW_S``) and, with probability 3%, an outlier at 0.5x (a neighbour's burst); per
   sub-window a further log-normal factor. Half the trial's variance at the reference window is
@@ -428,7 +430,14 @@ def shm_bytes(w: Workload, bs: int, n: Any, pf: int) -> Any:
 
 
 def tree_bytes(w: Workload, bs: int, n: Any, pf: int) -> Any:
-    return w.main_pss + n * (w.worker_pss + pf * bs * w.sample_bytes)
+    """The trial's PSS: the main process with the batch the step holds, and the workers (the
+    batches in flight are in ``/dev/shm``, mapped by none of them; ``pf`` does not count)."""
+    return w.main_pss + n * w.worker_pss + bs * w.sample_bytes
+
+
+def host_bytes(w: Workload, bs: int, n: Any, pf: int) -> Any:
+    """What the trial adds to the host's memory: its workers and its shared memory."""
+    return n * w.worker_pss + shm_bytes(w, bs, n, pf)
 
 
 def memory_budget(w: Workload, mode: str) -> float:
@@ -447,6 +456,8 @@ def failure_kind(w: Workload, c: Config, mode: str) -> str | None:
         return "shm_exhausted"
     if tree_bytes(w, c.batch_size, c.num_workers, pf) > memory_budget(w, mode):
         return "memory_budget"
+    if host_bytes(w, c.batch_size, c.num_workers, pf) > w.ram_available:
+        return "worker_killed"
     return None
 
 
@@ -514,6 +525,7 @@ def grid_best(
             if feasible_only:
                 ok &= shm_bytes(w, bs, n, pf) <= w.shm_free
                 ok &= tree_bytes(w, bs, n, pf) <= memory_budget(w, mode)
+                ok &= host_bytes(w, bs, n, pf) <= w.ram_available
             for pers in grid.persistent_workers:
                 values = rate
                 if w.epoch_samples:
@@ -679,12 +691,12 @@ class SimRunner(BaseRunner):
         if kind is not None:  # workers allocate as they start; an OOM comes at the first step
             at = started + step_wall(w, bs, c.pin_memory) if kind == "oom" else started
             if kind == "memory_budget":  # workers start one by one: the k-th crosses it
-                per_worker = w.worker_pss + (c.prefetch_factor or 2) * bs * w.sample_bytes
-                k = min(n, int((memory_budget(w, self.mode) - w.main_pss) // per_worker) + 1)
+                held = w.main_pss + bs * w.sample_bytes
+                k = min(n, int((memory_budget(w, self.mode) - held) // w.worker_pss) + 1)
                 result.resources = ResourceUsage(
                     n_workers=k,
-                    pss_bytes=int(w.main_pss + k * per_worker),
-                    worker_pss_bytes=int(per_worker),
+                    pss_bytes=int(held + k * w.worker_pss),
+                    worker_pss_bytes=int(w.worker_pss),
                 )
             return self._failed(result, self._failure(kind, c), at, limits, teardown)
         if replay:
@@ -815,7 +827,7 @@ class SimRunner(BaseRunner):
             busy = recv(w, bs) if n else bs * load_cpu(w, bs)
             busy += w.step_cpu_frac * (w.step_a + w.step_b * bs) + pin_cpu(w, bs, c.pin_memory)
             main = 100 * min(1.0, busy * rate / bs)
-        per_worker = w.worker_pss + (c.prefetch_factor or 0) * bs * w.sample_bytes
+        per_worker = w.worker_pss
         return ResourceUsage(
             cpu_percent_main=main * self._noise(0.05),
             cpu_percent_workers=None,
@@ -847,8 +859,9 @@ class SimRunner(BaseRunner):
             return failures.classify_text(
                 "torch.OutOfMemoryError: CUDA out of memory", where="step"
             )
-        if kind == "shm_exhausted":
-            text = "DataLoader worker (pid 4242) is killed by signal: Bus error."
+        if kind in ("shm_exhausted", "worker_killed"):
+            how = "Bus error" if kind == "shm_exhausted" else "Killed"
+            text = f"DataLoader worker (pid 4242) is killed by signal: {how}."
             return failures.classify_text(text, where="loader", num_workers=c.num_workers)
         used = tree_bytes(self.w, c.batch_size, c.num_workers, c.prefetch_factor or 0)
         return failures.memory_budget(int(used), int(memory_budget(self.w, self.mode)))
