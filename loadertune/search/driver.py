@@ -356,16 +356,18 @@ class Search:
 
     def _past_the_budget(self, config: Config, est: Estimates | None = None) -> str | None:
         """Why ``config``'s trial would not end within the budget (the confirmation's time kept
-        aside), or None. However short the typical trial, this one must receive its first
-        batch, its warm-up and at least its window's minimum of batches
-        (:func:`plan.least_trial_s`), which at a large batch or with many workers can take
-        many seconds. The rate is the best so far or, when higher, half what the probe's
-        estimates predict for ``config``: many workers are tried because they are expected to
-        be that much faster, and judging their batches by a slow best would skip every setting
-        that could beat it. Half, even before anything was explored: a storage that serves
-        only 6 requests at once, which the probe cannot see, made a first trial of 92 workers
-        at batch 512 run 17 times slower than predicted, 157 s of a 60 s budget, in the
-        simulator."""
+        aside), or None. The trial's own expected time decides (:func:`plan.trial_s` and the
+        run's overhead per trial), not the typical trial's, which may be a slow setting's: it
+        must receive its first batch, its warm-up and its window, which at a large batch or
+        with many workers can take many seconds. The rate is the highest of the best so far,
+        half what the probe's estimates predict for ``config``, and what its workers make at
+        the best pace per worker measured (up to the prediction; without estimates, that pace
+        alone): many workers are tried because they are expected to be that much faster, and
+        judging their batches by a slow best would skip every setting that could beat it.
+        Half, not all, of a prediction: a storage that serves only 6 requests at once, which
+        the probe cannot see, made a first trial of 92 workers at batch 512 run 17 times
+        slower than predicted, 157 s of a 60 s budget, in the simulator (such a trial is now
+        also cut at the deadline: ``Limits.ends_by``)."""
         rate = self.ledger.robust_best()
         loader_bound = True  # unknown: the shorter warm-up, so that no setting is skipped wrongly
         if est is not None:
