@@ -12,6 +12,9 @@
    trials, when the space is exhausted, or when the best sits at the estimated ceiling.
 4. **Confirm**: finalists and baseline re-measured side by side (:mod:`loadertune.search.confirm`).
 
+A trial of the exploration or the confirmation still running at the deadline is stopped there
+and recorded as skipped, neither a rate nor a failure of its setting (``Limits.ends_by``).
+
 The study persists in an Optuna storage (SQLite in the user's cache directory by default), so an
 interrupted search resumes and its history can be read with Optuna's own tools. Only
 :mod:`loadertune.search.study` imports Optuna.
