@@ -646,6 +646,9 @@ def test_a_resumed_search_measures_its_winner_even_with_no_budget_left(tmp_path,
     assert outcome.n_previous_trials > 0
     assert [t.config for t in outcome.results_for(outcome.winner)] == [outcome.winner]
     assert outcome.results_for(outcome.winner)[0].ok
+    # measured past the deadline, so not cut there (``Limits.ends_by``)
+    confirms = [limits for phase, limits in runner.limits if phase == "confirm"]
+    assert confirms and confirms[0].ends_by is None
 
 
 def test_fresh_start_forgets_the_study(tmp_path, hw) -> None:
