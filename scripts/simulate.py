@@ -429,9 +429,9 @@ def shm_bytes(w: Workload, bs: int, n: Any, pf: int) -> Any:
     return (n * pf + 1) * bs * w.sample_bytes
 
 
-def tree_bytes(w: Workload, bs: int, n: Any, pf: int) -> Any:
+def tree_bytes(w: Workload, bs: int, n: Any) -> Any:
     """The trial's PSS: the main process with the batch the step holds, and the workers (the
-    batches in flight are in ``/dev/shm``, mapped by none of them; ``pf`` does not count)."""
+    batches in flight are in ``/dev/shm``, mapped by none of them)."""
     return w.main_pss + n * w.worker_pss + bs * w.sample_bytes
 
 
@@ -454,7 +454,7 @@ def failure_kind(w: Workload, c: Config, mode: str) -> str | None:
     pf = c.prefetch_factor or 2
     if shm_bytes(w, c.batch_size, c.num_workers, pf) > w.shm_free:
         return "shm_exhausted"
-    if tree_bytes(w, c.batch_size, c.num_workers, pf) > memory_budget(w, mode):
+    if tree_bytes(w, c.batch_size, c.num_workers) > memory_budget(w, mode):
         return "memory_budget"
     if host_bytes(w, c.batch_size, c.num_workers, pf) > w.ram_available:
         return "worker_killed"
@@ -524,7 +524,7 @@ def grid_best(
                 ok &= in_flight <= grid.max_in_flight_bytes
             if feasible_only:
                 ok &= shm_bytes(w, bs, n, pf) <= w.shm_free
-                ok &= tree_bytes(w, bs, n, pf) <= memory_budget(w, mode)
+                ok &= tree_bytes(w, bs, n) <= memory_budget(w, mode)
                 ok &= host_bytes(w, bs, n, pf) <= w.ram_available
             for pers in grid.persistent_workers:
                 values = rate
@@ -631,9 +631,19 @@ class SimRunner(BaseRunner):
         result, wall = self._trial(config, window, limits, phase, should_stop)
         ends_by = getattr(limits, "ends_by", None)  # (older commits' Limits have none)
         if ends_by is not None and self.clock.now + wall > ends_by:  # the supervisor cuts it
+            from loadertune.measure.failures import FailureKind  # (CUT: as ends_by)
+            from loadertune.trials.runner import cut
+
             at = max(0.0, ends_by - self.clock.now)
-            result = TrialResult(config, phase=phase, epoch_samples=self.w.epoch_samples)
-            result.skipped = f"stopped at the search's deadline, {at:.0f} s into the trial"
+            why = f"stopped at the search's deadline, {at:.0f} s into the trial"
+            result = cut(
+                TrialResult(
+                    config,
+                    phase=phase,
+                    epoch_samples=self.w.epoch_samples,
+                    failure=Failure(FailureKind.CUT, why, ""),
+                )
+            )
             wall = at + (KILL_S if self.mode == "script" else 0.02 + 0.005 * config.num_workers)
             self.launch_left = 0.0  # a script's launch is killed
         result.wall_s = wall
@@ -827,13 +837,12 @@ class SimRunner(BaseRunner):
             busy = recv(w, bs) if n else bs * load_cpu(w, bs)
             busy += w.step_cpu_frac * (w.step_a + w.step_b * bs) + pin_cpu(w, bs, c.pin_memory)
             main = 100 * min(1.0, busy * rate / bs)
-        per_worker = w.worker_pss
         return ResourceUsage(
             cpu_percent_main=main * self._noise(0.05),
             cpu_percent_workers=None,
             n_workers=n,
-            pss_bytes=int(tree_bytes(w, bs, n, c.prefetch_factor or 0)),
-            worker_pss_bytes=int(per_worker) if n else None,
+            pss_bytes=int(tree_bytes(w, bs, n)),
+            worker_pss_bytes=int(w.worker_pss) if n else None,
         )
 
     def _failed(
@@ -863,7 +872,7 @@ class SimRunner(BaseRunner):
             how = "Bus error" if kind == "shm_exhausted" else "Killed"
             text = f"DataLoader worker (pid 4242) is killed by signal: {how}."
             return failures.classify_text(text, where="loader", num_workers=c.num_workers)
-        used = tree_bytes(self.w, c.batch_size, c.num_workers, c.prefetch_factor or 0)
+        used = tree_bytes(self.w, c.batch_size, c.num_workers)
         return failures.memory_budget(int(used), int(memory_budget(self.w, self.mode)))
 
 

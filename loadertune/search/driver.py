@@ -199,7 +199,7 @@ class Search:
         ``go_on(result)`` False stops the batch there. The limits are those known now; the
         trial of ``uncut`` goes on past the deadline."""
         requests = [
-            (c, self._request(c, phase, prunable, cut=c is None or c != uncut))
+            (c, self._request(c, phase, prunable, cut=uncut is None or c != uncut))
             for c, phase in planned
         ]
         if self.observer:
@@ -246,11 +246,17 @@ class Search:
         decides."""
         if rate <= 0:
             return self._fits(n)
-        window = self._window(config, "probe")
-        wall = overhead_s(self.ledger.trials) + plan.trial_s(
-            config, window, rate, loader_bound=True
+        return self._remaining() >= n * self._expected_s(config, rate, "probe")
+
+    def _expected_s(
+        self, config: Config, rate: float, phase: str = "search", *, loader_bound: bool = True
+    ) -> float:
+        """What a trial of ``config`` at ``rate`` samples/s is expected to take: its own
+        (:func:`plan.trial_s`) and the run's overhead per trial."""
+        window = self._window(config, phase)
+        return overhead_s(self.ledger.trials) + plan.trial_s(
+            config, window, rate, loader_bound=loader_bound
         )
-        return self._remaining() >= n * wall
 
     def _stop_reason(
         self, space_size: int, n_batch_sizes: int, est: Estimates | None, reserve_s: float
@@ -382,13 +388,12 @@ class Search:
                 rate = min(rate, self._in_process_ceiling(config, est))
         elif config.num_workers:
             rate = max(rate, self._workers_pace(config))
-        window = self._window(config)
-        if rate > 0:  # its own expected time: the run's typical trial may be a slow setting's
-            needed = overhead_s(self.ledger.trials) + plan.trial_s(
-                config, window, rate, loader_bound=loader_bound
-            )
-        else:
-            needed = self._typical_wall()
+        # its own expected time: the run's typical trial may be a slow setting's
+        needed = (
+            self._expected_s(config, rate, loader_bound=loader_bound)
+            if rate > 0
+            else self._typical_wall()
+        )
         if self._remaining() - self._confirm_cost() >= needed:
             return None
         return f"a trial would take about {needed:.0f} s, more than the budget has left"
