@@ -203,3 +203,25 @@ def test_other_queries_with_fake_nvml() -> None:
     assert nvml.utilization_samples(0, 1000) == [(1010, 99), (1020, 3)]
     assert nvml.index_for_bus_id("00000000:02:00.0") == 1
     assert nvml.index_for_bus_id("00000000:77:00.0") is None  # unknown bus: None, no raise
+
+
+def test_only_samples_whose_period_lies_in_the_window_are_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sample is the busy percent since the one before it: the first after the window's
+    start covers the idle time before it, and a window shorter than a period has no reading."""
+    buffer = [(400_000, 0), (1_000_000, 0), (1_166_000, 90), (1_333_000, 95), (1_500_000, 97)]
+    buffer.append((1_666_000, 10))
+    asked: list[int] = []
+
+    def samples(index: int, since_us: int) -> list[tuple[int, int]]:
+        asked.append(since_us)
+        return [s for s in reversed(buffer) if s[0] > since_us]  # in any order
+
+    monkeypatch.setattr(nvml, "utilization_samples", samples)
+    assert nvml.utilization_within(0, 1_100_000, 1_600_000) == [95, 97]
+    assert asked == [100_000]  # read from a whole period before the start
+    assert nvml.utilization_within(0, 1_000_000, 1_666_000) == [90, 95, 97, 10]
+    assert nvml.utilization_within(0, 1_100_000, 1_250_000) == []  # not the idle start's 0%
+    monkeypatch.setattr(nvml, "utilization_samples", lambda index, since_us: None)
+    assert nvml.utilization_within(0, 1_100_000, 1_600_000) is None

@@ -140,3 +140,22 @@ def test_cpu_figures_need_a_start_snapshot_that_covers_the_window() -> None:
     assert covered.cpu_percent_main is not None and covered.cpu_percent_workers is not None
     assert late.cpu_percent_main is None and late.cpu_percent_workers is None
     assert covered.n_workers == late.n_workers == 2
+
+
+def test_polled_gpu_readings_count_from_a_whole_period_into_the_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the device keeps no samples, the busy figure is polled; each poll covers the
+    period before it, so those within a period of the window's start are left out."""
+    monkeypatch.setattr(resources.nvml, "utilization_within", lambda *a: None)
+    monkeypatch.setattr(resources.nvml, "utilization_now", lambda index: 70)
+    monkeypatch.setattr(resources.nvml, "SAMPLE_PERIOD_MAX_US", 400_000)
+    with ResourceSampler(os.getpid(), gpu_index=0) as sampler:
+        sampler.window_started()
+        time.sleep(0.3)
+        assert sampler.window_ended().gpu_util_percent == []  # shorter than a period
+        sampler.window_started()
+        time.sleep(1.2)
+        polled = sampler.window_ended().gpu_util_percent
+    assert polled and set(polled) == {70}
+    assert len(polled) <= (1.2 - 0.4) / ResourceSampler.INTERVAL_S + 1

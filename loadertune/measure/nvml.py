@@ -8,6 +8,7 @@ because other libraries in the same process may hold it too.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from dataclasses import dataclass
@@ -154,6 +155,31 @@ def utilization_samples(nvml_index: int, since_us: int) -> list[tuple[int, int]]
         percent = getattr(value, "uiVal", value)  # a c_union in pynvml
         out.append((int(s.timeStamp), int(percent)))
     return out
+
+
+# The longest sample period a device may use for its busy figure (NVML: 1/6 s to 1 s).
+SAMPLE_PERIOD_MAX_US = 1_000_000
+
+
+def utilization_within(nvml_index: int, start_us: int, end_us: int) -> list[int] | None:
+    """The busy percents of the driver's samples whose period lies inside the window from
+    ``start_us`` to ``end_us`` (µs since the epoch), or None when the device cannot report them.
+
+    A sample is the busy percent over the period since the sample before it, so the first one
+    after the window's start covers time before it (a trial's start-up, the GPU idle): it is
+    kept only when the sample before it is inside the window too. A window shorter than a
+    period keeps none, which is no reading rather than a wrong one (a script's 0.15-s epoch on
+    an H200, its GPU step the bottleneck, read 0% busy from the one sample that straddled it).
+    """
+    samples = utilization_samples(nvml_index, start_us - SAMPLE_PERIOD_MAX_US)
+    if samples is None:
+        return None
+    samples.sort()
+    return [
+        percent
+        for (before, _), (ts, percent) in itertools.pairwise(samples)
+        if before >= start_us and ts <= end_us
+    ]
 
 
 def utilization_now(nvml_index: int) -> int | None:

@@ -251,7 +251,7 @@ class ResourceSampler:
         self._thread = threading.Thread(target=self._run, name="loadertune-sampler", daemon=True)
         self._start: _Snapshot | None = None
         self._start_unix_us = 0
-        self._polled: list[int] = []
+        self._polled: list[tuple[int, int]] = []  # (µs since the epoch, busy percent)
         self._window_open = False
         self.usage = ResourceUsage(gpu_index=gpu_index)
         self.budget_hit: int | None = None
@@ -268,6 +268,7 @@ class ResourceSampler:
     def window_started(self) -> None:
         """Mark the window's start; the snapshot is taken by the sampler thread, not the caller."""
         self._start_unix_us = int(time.time() * 1e6)
+        self._polled = []
         self._window_open = True
         self._want_start.set()
         self._wake.set()
@@ -318,11 +319,12 @@ class ResourceSampler:
         u.rss_peak_bytes = max(u.rss_peak_bytes, _sum_rss(procs))
         u.gpu_index = self.gpu_index  # found at the window's start, where the trial reports it
         if self.gpu_index is not None:
-            samples = nvml.utilization_samples(self.gpu_index, self._start_unix_us)
-            if samples is not None:
-                u.gpu_util_percent = [v for ts, v in samples if ts <= end_unix_us]
-            else:
-                u.gpu_util_percent = list(self._polled)
+            within = nvml.utilization_within(self.gpu_index, self._start_unix_us, end_unix_us)
+            if within is not None:
+                u.gpu_util_percent = within
+            else:  # polled, each over the period before it: those a whole period in
+                inside = self._start_unix_us + nvml.SAMPLE_PERIOD_MAX_US
+                u.gpu_util_percent = [v for at, v in self._polled if at >= inside]
         return u
 
     def _memory_at_hit(
@@ -395,4 +397,4 @@ class ResourceSampler:
             if self._window_open and self.gpu_index is not None:
                 value = nvml.utilization_now(self.gpu_index)
                 if value is not None:
-                    self._polled.append(value)
+                    self._polled.append((int(time.time() * 1e6), value))

@@ -31,6 +31,10 @@ Each name, what it is used for, and what happens if it changes:
   workers for yet, taken over by a :class:`~loadertune.trials.hotswap.HotSwap` mid-epoch
   (:func:`take_rest`). If gone: the first setting's epoch runs to its end before the swap starts
   (slower, not wrong).
+- ``_MultiProcessingDataLoaderIter._pin_memory_thread`` and ``._pin_memory_thread_done_event``
+  (set only where batches are pinned, on a GPU): stop the pin-memory thread before the workers
+  are killed (:func:`stop_pin_thread`). If gone: a batch half-received from a killed worker
+  raises in that thread, which prints its traceback (nothing is lost).
 - ``multiprocessing.Process._popen.returncode``: tell multiprocessing about workers we reaped.
   If gone: two fds and a Process object leak per killed worker.
 """
@@ -327,6 +331,22 @@ def shut_down(iterator: object, timeout_s: float = 5.0) -> bool:
     thread.start()
     thread.join(timeout_s)
     return not thread.is_alive()
+
+
+def stop_pin_thread(iterator: object, timeout_s: float = 1.0) -> None:
+    """Stop a DataLoader iterator's pin-memory thread, as torch's own shutdown does before it
+    stops the workers: that thread receives each batch from a worker (a tensor's file
+    descriptor, over a connection to it), and a worker killed meanwhile makes it raise
+    (``ConnectionResetError``) and print a traceback. Waits ``timeout_s`` at most; a thread
+    that reads nothing (no pinning, no workers) is left alone."""
+    thread = getattr(iterator, "_pin_memory_thread", None)
+    done = getattr(iterator, "_pin_memory_thread_done_event", None)
+    if not isinstance(thread, threading.Thread) or not thread.is_alive() or done is None:
+        return
+    done.set()
+    with contextlib.suppress(Exception):  # wakes it from its wait for the next batch
+        iterator._worker_result_queue.put((None, None))  # type: ignore[attr-defined]
+    thread.join(timeout_s)
 
 
 def take_rest(iterator: object) -> Iterator[Any] | None:

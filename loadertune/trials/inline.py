@@ -267,16 +267,21 @@ class InlineRunner(BaseRunner):
                     worker_signals=_internals.dead_worker_signals(it, error),
                     num_workers=config.num_workers,
                 )
-        # Workers first (joining dead ones is immediate), then every iterator that could run
-        # torch's shutdown later from __del__: the meter's, a persistent loader's, and any the
-        # failure's traceback holds (an epoch that failed while starting).
-        result.orphans_killed = kill_new_children(before)
+        # Every iterator that could run torch's shutdown later from __del__: the meter's, a
+        # persistent loader's, and any the failure's traceback holds (an epoch that failed
+        # while starting). Their pin-memory threads stop first, as in torch's own shutdown
+        # (one receiving a batch from a worker being killed raises in its thread: an H200's
+        # searches printed a traceback per pinned trial), then the workers are killed (joining
+        # dead ones is immediate), then the iterators shut down.
         iterators = _internals.iterators_in(error)
         if held.meter is not None:
             iterators.append(held.meter.iterator)
             held.meter.release()
         if held.loader is not None:
             iterators.append(getattr(held.loader, "_iterator", None))  # persistent workers
+        for iterator in iterators:
+            _internals.stop_pin_thread(iterator)
+        result.orphans_killed = kill_new_children(before)
         for iterator in iterators:
             _internals.shut_down(iterator)
         held.loader = held.batches = held.meter = None
