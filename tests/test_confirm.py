@@ -451,6 +451,45 @@ def test_a_winner_the_confirmation_never_measured_is_not_called_clearly_faster()
     assert clear.within_noise is False
 
 
+def test_a_baseline_whose_round_the_deadline_cut_keeps_its_figures_and_the_speedup() -> None:
+    """The deadline cut the baseline's only round (skipped, as the confirmation of an H200's
+    short epochs ended): the summary still has the baseline's figures, from its own trial, and
+    the speed-up; they had read "-" with no speed-up."""
+    from loadertune.hardware import detect
+    from loadertune.recommendation import build_recommendation
+    from loadertune.search import SearchOutcome, SearchSettings
+    from loadertune.search.space import SearchSpace
+    from loadertune.trials import runner
+
+    base = _result(A, 100.0)
+    base.phase = "baseline"
+    stopped = Failure("cut", "stopped at the search's deadline, 1 s into the trial", "")
+    cut = runner.cut(TrialResult(config=A, phase="confirm", failure=stopped))
+    assert cut.skipped is not None and cut.failure is None
+    conf = Confirmation(baseline=A, values={A: [100.0], B: [300.0, 310.0]})
+    conf.results = {B: [_result(B, 300.0), _result(B, 310.0)], A: [cut]}
+    outcome = SearchOutcome(
+        baseline=A,
+        winner=B,
+        trials=[base, _result(B, 290.0), *conf.results[B], cut],
+        confirmation=conf,
+        estimates=None,
+        space=SearchSpace(batch_sizes=(64,), max_workers=4),
+        stop_reason="budget",
+        settings=SearchSettings(),
+        storage="sqlite:///:memory:",
+        elapsed_s=60.0,
+        n_previous_trials=0,
+        user_batch_size=64,
+        values={A: 100.0, B: 290.0},
+    )
+    assert outcome.results_for(A) == [base]
+    assert outcome.results_for(B) == conf.results[B]
+    rec = build_recommendation(outcome, detect(), workload={})
+    assert rec.baseline["epoch_samples_per_s"] == pytest.approx(100.0)
+    assert rec.speedup == pytest.approx(3.05)
+
+
 def test_a_finalist_failing_every_round_neither_wins_nor_runs_again(clock: _Clock) -> None:
     """B led the exploration (prior 300) but fails in the rounds (its workers killed, say): it
     leaves the rounds after its failure and the winner is the best of the settings that ran."""
