@@ -370,13 +370,6 @@ def warnings(outcome: SearchOutcome, hw: Hardware) -> list[str]:
             "some measurements of the winner did not fill their window (low confidence): "
             "the script or dataset ended early"
         )
-    est = outcome.winner_estimates
-    value = outcome.value(outcome.winner)
-    if est is not None and value and value > 1.15 * est.achievable:
-        out.append(
-            f"the winner measured {value:,.0f} samples/s, above the estimated ceiling "
-            f"{est.achievable:,.0f}: the probe underestimated a stage"
-        )
     for t in outcome.trials:
         for w in t.extra.get("warnings", []):
             if w not in out:
