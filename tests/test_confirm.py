@@ -11,8 +11,10 @@ import pytest
 from loadertune.config import Config
 from loadertune.measure.failures import Failure
 from loadertune.measure.meter import Measurement
+from loadertune.search import SearchOutcome, SearchSettings
 from loadertune.search import confirm as confirm_mod
 from loadertune.search.confirm import Confirmation, RunInTurn, confirm, interleaved
+from loadertune.search.space import SearchSpace
 from loadertune.trials import TrialResult
 
 A, B, C = Config(64), Config(64, 2), Config(64, 4, 4)
@@ -414,35 +416,40 @@ def test_a_baseline_the_deadline_left_out_of_the_rounds_is_judged_by_its_own_win
     assert not c.clearly_better
 
 
+def _outcome(
+    trials: list[TrialResult], confirmation: Confirmation | None, *, values: dict[Config, float]
+) -> SearchOutcome:
+    """A search's outcome over ``trials``: baseline A, winner B, a 60-s budget spent."""
+    return SearchOutcome(
+        baseline=A,
+        winner=B,
+        trials=trials,
+        confirmation=confirmation,
+        estimates=None,
+        space=SearchSpace(batch_sizes=(64,), max_workers=4),
+        stop_reason="budget",
+        settings=SearchSettings(),
+        storage="sqlite:///:memory:",
+        elapsed_s=60.0,
+        n_previous_trials=0,
+        user_batch_size=64,
+        values=values,
+    )
+
+
 def test_a_winner_the_confirmation_never_measured_is_not_called_clearly_faster() -> None:
     """The budget ran out before the confirmation: one lucky window (its sub-windows overlap
     the baseline's) is "within the noise"; a winner whose every sub-window beats every one of the
     baseline's is clearly faster, as the confirmation would decide on a tight budget."""
     from loadertune.hardware import detect
     from loadertune.recommendation import build_recommendation
-    from loadertune.search import SearchOutcome, SearchSettings
-    from loadertune.search.space import SearchSpace
 
     def outcome(winner_subs: list[float]) -> SearchOutcome:
         base = _result(A, 100.0, sub=[90.0, 110.0, 100.0, 100.0])
         base.phase = "baseline"
         win = _result(B, 176.0, sub=winner_subs)
         win.phase = "search"
-        return SearchOutcome(
-            baseline=A,
-            winner=B,
-            trials=[base, win],
-            confirmation=None,
-            estimates=None,
-            space=SearchSpace(batch_sizes=(64,), max_workers=4),
-            stop_reason="budget",
-            settings=SearchSettings(),
-            storage="sqlite:///:memory:",
-            elapsed_s=60.0,
-            n_previous_trials=0,
-            user_batch_size=64,
-            values={A: 100.0, B: 176.0},
-        )
+        return _outcome([base, win], None, values={A: 100.0, B: 176.0})
 
     hw = detect()
     lucky = build_recommendation(outcome([105.0, 300.0, 200.0, 99.0]), hw, workload={})
@@ -457,8 +464,6 @@ def test_a_baseline_whose_round_the_deadline_cut_keeps_its_figures_and_the_speed
     the speed-up; they had read "-" with no speed-up."""
     from loadertune.hardware import detect
     from loadertune.recommendation import build_recommendation
-    from loadertune.search import SearchOutcome, SearchSettings
-    from loadertune.search.space import SearchSpace
     from loadertune.trials import runner
 
     base = _result(A, 100.0)
@@ -468,21 +473,8 @@ def test_a_baseline_whose_round_the_deadline_cut_keeps_its_figures_and_the_speed
     assert cut.skipped is not None and cut.failure is None
     conf = Confirmation(baseline=A, values={A: [100.0], B: [300.0, 310.0]})
     conf.results = {B: [_result(B, 300.0), _result(B, 310.0)], A: [cut]}
-    outcome = SearchOutcome(
-        baseline=A,
-        winner=B,
-        trials=[base, _result(B, 290.0), *conf.results[B], cut],
-        confirmation=conf,
-        estimates=None,
-        space=SearchSpace(batch_sizes=(64,), max_workers=4),
-        stop_reason="budget",
-        settings=SearchSettings(),
-        storage="sqlite:///:memory:",
-        elapsed_s=60.0,
-        n_previous_trials=0,
-        user_batch_size=64,
-        values={A: 100.0, B: 290.0},
-    )
+    trials = [base, _result(B, 290.0), *conf.results[B], cut]
+    outcome = _outcome(trials, conf, values={A: 100.0, B: 290.0})
     assert outcome.results_for(A) == [base]
     assert outcome.results_for(B) == conf.results[B]
     rec = build_recommendation(outcome, detect(), workload={})
