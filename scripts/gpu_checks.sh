@@ -3,7 +3,7 @@
 # bench_gpu cut down to fit, and a script search on CUDA. Each part has its own time limit so
 # that a hang in one leaves the others' output. Logs go to $OUT (or ./gpu-out).
 #
-#   bash scripts/gpu_checks.sh            # about 7 minutes on an H100 with 16 CPUs
+#   bash scripts/gpu_checks.sh            # 5.7 minutes on an H200 with 16 CPUs
 #
 # Packages the machine lacks travel as wheels in .whl/ (optuna and its needs), installed first.
 set -u
@@ -35,4 +35,4 @@ echo "== script search on CUDA" | tee "$out/search.log"
 timeout 150 python3 -m loadertune search examples/train_images.py --budget 45 --fresh \
     --batch-sizes 64,128,256 --show-trials --out "$out/loadertune.json" -- --epochs 3 --n-images 4000 \
     2>&1 | tee -a "$out/search.log"
-echo "left running: $(pgrep -f 'loadertune|train_images' | grep -v $$ | wc -l)" | tee -a "$out/search.log"
+echo "left running: $(pgrep -fc 'loadertune search|train_images.py')" | tee -a "$out/search.log"

@@ -55,11 +55,11 @@ class SearchOutcome:
         A round the search's deadline cut (skipped) is none: a baseline whose only round was
         cut is described by its own trial, not left without figures or a speed-up."""
         rounds = self.confirmation.results.get(config, []) if self.confirmation else []
-        ran = [r for r in rounds if r.skipped is None]
-        if ran:
-            return ran
-        trials = [t for t in self.trials if t.config == config and t.phase != "replay"]
-        return [t for t in trials if t.skipped is None]
+        return [r for r in rounds if r.skipped is None] or [
+            t
+            for t in self.trials
+            if t.config == config and t.phase != "replay" and t.skipped is None
+        ]
 
     def value(self, config: Config) -> float | None:
         """The confirmed median when there is one, else the search's figure."""
