@@ -113,6 +113,14 @@ class LiveView:
             head, Text(best), Text(now), *[Text(line, style="dim") for line in self._last[-5:]]
         )
 
+    def _print(self, line: str) -> None:
+        """A plain line, written to the console's file as it is. Not through ``Console.print``:
+        it clears its buffer only after the write, and a Ctrl-C that lands in between (the user
+        presses it on seeing the line) leaves the line there for the next print to repeat."""
+        file = self.console.file
+        file.write(line + "\n")
+        file.flush()
+
     def _refresh(self) -> None:
         if self._live is not None:
             self._live.update(self._render(), refresh=True)
@@ -120,7 +128,7 @@ class LiveView:
     def search_started(self, deadline: float, budget_s: float) -> None:
         self._deadline = deadline
         if self._live is None:
-            self.console.print(f"loadertune: searching for up to {budget_s:.0f} s", soft_wrap=True)
+            self._print(f"loadertune: searching for up to {budget_s:.0f} s")
         self._refresh()
 
     def phase(self, name: str) -> None:
@@ -135,7 +143,7 @@ class LiveView:
     def note(self, text: str) -> None:
         self._last.append(text)
         if self._live is None:
-            self.console.print(f"loadertune: {text}", highlight=False, soft_wrap=True)
+            self._print(f"loadertune: {text}")
         self._refresh()
 
     def trial_finished(self, result: TrialResult, best: TrialResult | None) -> None:
@@ -144,7 +152,7 @@ class LiveView:
         line = trial_line(result)
         self._last.append(line)
         if self._live is None:
-            self.console.print(line, highlight=False, soft_wrap=True)
+            self._print(line)
         self._refresh()
 
 

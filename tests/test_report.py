@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import io
 
+import pytest
 from rich.console import Console
 
 from loadertune.config import Config
@@ -131,6 +132,29 @@ def test_live_view_prints_plain_lines_off_terminal() -> None:
     assert lines[1] == trial_line(FAILED)
     assert lines[2] == trial_line(OK)
     assert len(lines) == 3
+
+
+class _InterruptedOnce(io.StringIO):
+    """A stream whose first flush is where Ctrl-C lands: after the write, before its end."""
+
+    interrupted = False
+
+    def flush(self) -> None:
+        if not self.interrupted:
+            self.interrupted = True
+            raise KeyboardInterrupt
+
+
+def test_a_line_ctrl_c_lands_on_is_printed_once() -> None:
+    """The user presses Ctrl-C on seeing a trial's line; the interrupted search's last words
+    through the same console do not repeat it (rich's buffer kept it: seen in CI)."""
+    buf = _InterruptedOnce()
+    console = Console(file=buf, width=250, force_terminal=False, color_system=None)
+    view = LiveView(console)
+    with pytest.raises(KeyboardInterrupt):
+        view.trial_finished(OK, best=OK)
+    console.print("loadertune: search interrupted", soft_wrap=True)
+    assert buf.getvalue().splitlines() == [trial_line(OK), "loadertune: search interrupted"]
 
 
 def _recommendation(**overrides: object) -> Recommendation:
