@@ -58,7 +58,7 @@ from loadertune.trials.inline import InlineRunner
 from loadertune.trials.loader import bytes_per_sample
 
 import benchlib
-from bench_workloads import WORKLOADS
+from bench_workloads import WORKLOADS, draw_workload
 
 LIMITS = Limits(timeout_s=120, startup_s=60, hang_s=20)
 FULL = {"budget": 60.0, "grid_window": 1.0, "grid_max": 100, "window": 1.5, "rounds": 5}
@@ -224,6 +224,13 @@ def main() -> None:
         + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in QUICK.items())
         + " (flags given win); its figures mean nothing",
     )
+    ap.add_argument(
+        "--drawn",
+        type=int,
+        default=0,
+        help="N workloads drawn at random (bench_workloads.draw_workload) instead of the named",
+    )
+    ap.add_argument("--draw-seed", type=int, default=None, help="their seed (fresh: the clock)")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--out", default=None, help="(bench-results/bench_tuner[-quick].json)")
     args = ap.parse_args()
@@ -235,13 +242,21 @@ def main() -> None:
     for key in ("budget", "grid_window", "window", "grid_max", "rounds"):
         if getattr(args, key) <= 0:
             ap.error(f"--{key.replace('_', '-')} must be positive, but got {getattr(args, key)}")
-    wanted = args.workloads.split(",")
-    unknown = set(wanted) - {w.name for w in WORKLOADS}
-    if unknown:
-        ap.error(f"unknown workloads {sorted(unknown)}; known: {[w.name for w in WORKLOADS]}")
+    if args.drawn:
+        if args.draw_seed is None:
+            args.draw_seed = time.time_ns() % 2**31
+        workloads = [draw_workload(args.draw_seed, i) for i in range(args.drawn)]
+    else:
+        wanted = args.workloads.split(",")
+        unknown = set(wanted) - {w.name for w in WORKLOADS}
+        if unknown:
+            ap.error(f"unknown workloads {sorted(unknown)}; known: {[w.name for w in WORKLOADS]}")
+        workloads = [w for w in WORKLOADS if w.name in wanted]
     hw = hardware.detect()
     print(f"machine: {hw.describe()}\ncommand: python {' '.join(sys.argv)}", flush=True)
-    results = [bench(w, args) for w in WORKLOADS if w.name in wanted]
+    if args.drawn:
+        print(f"drawn workloads, seed {args.draw_seed}", flush=True)
+    results = [bench(w, args) for w in workloads]
     print("\nsamples/s per epoch, medians of", args.rounds, "interleaved rounds\n")
     print(table(results))
     print("\nthe diagnosis of each pick: how close it gets to the estimated ceiling\n")

@@ -401,7 +401,7 @@ def test_ctrl_c_during_the_probe_keeps_its_finished_trials(tmp_path: Path) -> No
     err = "".join(seen) + _communicate_or_dump(proc, timeout=30)
     assert proc.returncode == 130, err[-2000:]
     baseline_lines = [line for line in err.splitlines() if line.startswith("baseline ")]
-    assert len(baseline_lines) == 1, err[-4000:]  # (once seen twice, under load: its output)
+    assert len(baseline_lines) == 1, err[-4000:]  # (rich once printed it twice: test_report)
     (baseline_line,) = baseline_lines
     assert "samples/s" in baseline_line, err[-2000:]
     assert "replay " not in err  # interrupted before the probe was done
