@@ -3,7 +3,8 @@
 Each round starts a process in a session of its own that iterates a DataLoader with workers
 making large batches (the shape of a script trial), lets it run a moment, and ends its group:
 ``plain`` with one ``os.killpg(SIGKILL)`` (what a trial's end did before
-:mod:`loadertune.trials.shm`), ``kill_group`` with :func:`loadertune.trials.processes.kill_group`.
+:mod:`loadertune.trials.leftovers`), ``kill_group`` with
+:func:`loadertune.trials.processes.kill_group`.
 The two alternate, round by round. Counted: files ``/dev/shm/torch_<pid>_*`` named after any
 process of the killed group that are still there a moment later, and their bytes. A ``plain``
 round's files are removed by this script after counting.
@@ -26,7 +27,7 @@ import psutil
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from loadertune.trials import shm  # noqa: E402
+from loadertune.trials import leftovers  # noqa: E402
 from loadertune.trials.processes import group_members, kill_group  # noqa: E402
 
 CHILD = """
@@ -69,10 +70,10 @@ def one_round(how: str, mb: float, workers: int, run_s: float) -> tuple[int, int
         kill_group(proc.pid)
         proc.wait()
     time.sleep(0.3)
-    left = [f for pid in pids for f in shm.SHM_DIR.glob(f"torch_{pid}_*")]
+    left = [f for pid in pids for f in leftovers.SHM_DIR.glob(f"torch_{pid}_*")]
     size = sum(f.stat().st_size for f in left if f.exists())
     if how == "plain":
-        shm.remove_leftovers(pids)  # do not leave this benchmark's own mess behind
+        leftovers.remove_leftovers(pids)  # do not leave this benchmark's own mess behind
     return len(left), size
 
 
@@ -82,8 +83,8 @@ def main() -> None:
     ap.add_argument("--mb", type=float, default=16.0, help="MB per batch")
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args()
-    if not shm.SHM_DIR.is_dir():
-        sys.exit(f"{shm.SHM_DIR} does not exist on this machine: nothing to measure")
+    if not leftovers.SHM_DIR.is_dir():
+        sys.exit(f"{leftovers.SHM_DIR} does not exist on this machine: nothing to measure")
     found: dict[str, list[tuple[int, int]]] = {"plain": [], "kill_group": []}
     for i in range(args.rounds):
         for how in ("plain", "kill_group") if i % 2 == 0 else ("kill_group", "plain"):

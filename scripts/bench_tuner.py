@@ -29,7 +29,12 @@ and widens the worker range), of which ``io_latency_5ms`` took about 8 (its grid
 ``--quick`` is a smoke test (a 15 s budget, 8 grid settings plus a few around the best, one
 round of 0.5 s): about a minute a workload, 10 minutes for all ten; its figures mean nothing.
 
+``--drawn N`` runs N workloads drawn at random instead (``bench_workloads.draw_workload``: a
+wait, CPU work and a size per sample, a CPU step or none, one batch size or five offered), from
+``--draw-seed`` or the clock: fresh workloads, which no rule of the search was written against.
+
     python scripts/bench_tuner.py                      # all workloads, about 40 minutes
+    python scripts/bench_tuner.py --drawn 6 --draw-seed 20261127       # six drawn ones
     python scripts/bench_tuner.py --workloads tiny_tensors,io_latency --budget 60
     python scripts/bench_tuner.py --quick --workloads python_dicts     # does it run?
 """

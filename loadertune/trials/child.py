@@ -26,7 +26,7 @@ from typing import Any
 
 from loadertune.measure import failures
 from loadertune.trials import _torch_internals as _internals
-from loadertune.trials import lifeline, messages
+from loadertune.trials import leftovers, lifeline, messages
 from loadertune.trials import loader as dl
 from loadertune.trials.channel import Channel
 from loadertune.trials.controller import TrialController
@@ -74,6 +74,7 @@ def _connect(spec: dict[str, Any]) -> Channel:
 def main() -> None:
     spec = json.loads(os.environ.pop(SPEC_ENV))
     chan = _connect(spec)
+    leftovers.own_temp_dir()  # its workers' too (they inherit it): removed with the group
     controller = TrialController(spec, chan)
     how = "the script ended"
     with dl.quiet_worker_warning(), patched(controller):

@@ -31,7 +31,7 @@ from loadertune.measure.failures import Failure, FailureKind, classify_exception
 from loadertune.measure.meter import Meter, WindowSpec
 from loadertune.measure.resources import multiprocessing_helper
 from loadertune.trials import _torch_internals as _internals
-from loadertune.trials import lifeline, shm
+from loadertune.trials import leftovers, lifeline
 from loadertune.trials import loader as dl
 from loadertune.trials.runner import BaseRunner, Limits, TrialRequest, TrialResult
 from loadertune.trials.supervisor import Supervisor
@@ -55,7 +55,7 @@ def kill_new_children(before: set[int], grace_s: float = 3.0) -> int:
             p.kill()
     gone, _ = psutil.wait_procs(new, timeout=grace_s)
     _internals.tell_multiprocessing({p.pid: p.returncode for p in gone})
-    shm.remove_leftovers(p.pid for p in gone)
+    leftovers.remove_leftovers(p.pid for p in gone)
     return len(new)
 
 

@@ -32,6 +32,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from loadertune.trials import leftovers
+
 PR_SET_PDEATHSIG = 1
 WATCH_INTERVAL_S = 0.2
 
@@ -125,6 +127,7 @@ class DieWithTrial:
 
     def __call__(self, worker_id: int) -> None:
         self.guard()
+        leftovers.own_temp_dir()  # found and removed by its pid, should it be killed
         if self.user_fn is not None:
             self.user_fn(worker_id)
 

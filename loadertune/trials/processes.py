@@ -25,7 +25,7 @@ import psutil
 from loadertune.errors import ConfigError
 from loadertune.measure import failures
 from loadertune.measure.resources import multiprocessing_helper
-from loadertune.trials import messages, shm
+from loadertune.trials import leftovers, messages
 from loadertune.trials.channel import Channel
 from loadertune.trials.child import SPEC_ENV
 from loadertune.trials.forkserver import Forked, ForkServer, ForkServerError, start_module
@@ -57,13 +57,13 @@ HELPER_CLEANUP_S = 2.0  # how long multiprocessing's resource tracker may take t
 
 def kill_group(pgid: int, grace_s: float = 3.0) -> int:
     """SIGKILL every process in group ``pgid``, and remove what its dead workers left in shared
-    memory (:mod:`loadertune.trials.shm`); return how many were still alive.
+    memory (:mod:`loadertune.trials.leftovers`); return how many were still alive.
 
     multiprocessing's resource tracker (started by a ``spawn`` or ``forkserver`` context: the
     named semaphores of the loader's queues, ``/dev/shm/sem.mp-*``, are shared by name and
     unlinked only by it) is killed last: once every other process is dead it unlinks what they
     left and ends by itself. Killed with them, it left 14 semaphores per killed trial of a
-    spawn-context loader of 2 workers (``tests/test_shm.py``), 60 in one search."""
+    spawn-context loader of 2 workers (``tests/test_leftovers.py``), 60 in one search."""
     members = set(group_members(pgid))
     helpers = {pid for pid in members if _helper(pid)}
     if helpers:
@@ -88,7 +88,7 @@ def kill_group(pgid: int, grace_s: float = 3.0) -> int:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)
         time.sleep(0.05)
-    shm.remove_leftovers(members)
+    leftovers.remove_leftovers(members)
     return len(survivors)
 
 

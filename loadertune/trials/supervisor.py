@@ -14,7 +14,7 @@ from collections.abc import Callable
 from loadertune.measure import failures
 from loadertune.measure.failures import Failure, FailureKind
 from loadertune.measure.resources import ResourceSampler, ResourceUsage, process_tree
-from loadertune.trials import shm
+from loadertune.trials import leftovers
 from loadertune.trials.runner import Limits, ShouldStop
 
 # Causes vague enough that what the sampler saw may name a sharper one
@@ -70,10 +70,10 @@ class Supervisor:
 
     def __exit__(self, *exc: object) -> None:
         """Stop sampling, and remove what the trial's dead processes left in shared memory (a
-        worker the OOM killer ended mid-batch: :mod:`loadertune.trials.shm`); processes there
+        worker the OOM killer ended mid-batch: :mod:`loadertune.trials.leftovers`); processes there
         before the trial are not the trial's."""
         self.sampler.__exit__(*exc)
-        shm.remove_leftovers(self.sampler.seen_pids - self._present)
+        leftovers.remove_leftovers(self.sampler.seen_pids - self._present)
 
     # -- the meter's sink ------------------------------------------------------------------------
 

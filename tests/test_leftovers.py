@@ -1,22 +1,27 @@
-"""A trial's killed workers leave nothing in /dev/shm (loadertune.trials.shm)."""
+"""A trial's killed workers leave nothing behind, in /dev/shm or in /tmp
+(loadertune.trials.leftovers)."""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from loadertune.trials import shm
+from loadertune.trials import leftovers
 from loadertune.trials.inline import kill_new_children
 from loadertune.trials.processes import group_members, kill_group
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not shm.SHM_DIR.is_dir(), reason="no /dev/shm on this system"),
+    pytest.mark.skipif(not leftovers.SHM_DIR.is_dir(), reason="no /dev/shm on this system"),
 ]
 
 # What a worker killed between torch's create and unlink leaves: a file named after itself.
@@ -34,7 +39,7 @@ time.sleep(60)
 
 
 def _files(pid: int) -> list[Path]:
-    return sorted(shm.SHM_DIR.glob(f"torch_{pid}_*"))
+    return sorted(leftovers.SHM_DIR.glob(f"torch_{pid}_*"))
 
 
 def test_kill_group_removes_its_dead_processes_files_and_no_one_elses(tmp_path: Path) -> None:
@@ -96,7 +101,7 @@ def test_a_real_loader_killed_mid_batch_leaves_no_shared_memory() -> None:
         proc.wait(timeout=10)
         time.sleep(0.2)
         left += [f for pid in members for f in _files(pid)]
-        shm.remove_leftovers(members)  # one leak must not fill /dev/shm for the rest
+        leftovers.remove_leftovers(members)  # one leak must not fill /dev/shm for the rest
     assert not left, f"killed workers left shared memory: {left}"
 
 
@@ -105,7 +110,7 @@ def test_children_killed_in_process_leave_no_file() -> None:
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in "ab"]
     for kid in kids:  # as if each was killed between torch's create and unlink
-        (shm.SHM_DIR / f"torch_{kid.pid}_{time.monotonic_ns()}_0").write_bytes(b"x" * 4096)
+        (leftovers.SHM_DIR / f"torch_{kid.pid}_{time.monotonic_ns()}_0").write_bytes(b"x" * 4096)
     try:
         assert kill_new_children(before) == 2
         assert all(not _files(kid.pid) for kid in kids)
@@ -164,7 +169,7 @@ def test_a_worker_killed_during_a_trial_leaves_no_file_but_older_processes_keep_
             for pid in (older, worker):  # both die during the trial, as the OOM killer does
                 psutil.Process(pid).kill()
             deadline = time.monotonic() + 10
-            while not all(shm._dead(pid) for pid in (older, worker)):
+            while not all(leftovers._dead(pid) for pid in (older, worker)):
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
         assert not _files(worker), "the trial's killed worker left its file"
@@ -198,7 +203,7 @@ def test_a_spawn_context_loaders_semaphores_are_unlinked_when_its_group_is_kille
     killed group)."""
     script = tmp_path / "spawned.py"
     script.write_text(SPAWNED)
-    before = set(shm.SHM_DIR.glob("sem.*"))
+    before = set(leftovers.SHM_DIR.glob("sem.*"))
     proc = subprocess.Popen(
         [sys.executable, str(script)], stdout=subprocess.PIPE, start_new_session=True
     )
@@ -209,7 +214,118 @@ def test_a_spawn_context_loaders_semaphores_are_unlinked_when_its_group_is_kille
     ), "no resource tracker in the group: the test tests nothing"
     assert kill_group(proc.pid) == 0
     proc.wait(timeout=10)
-    left = set(shm.SHM_DIR.glob("sem.*")) - before
+    left = set(leftovers.SHM_DIR.glob("sem.*")) - before
     for f in left:
         f.unlink()
     assert not left, f"semaphores left: {sorted(left)}"
+
+
+# An in-process trial of a loader with three workers, in a process whose temporary folder is
+# the test's; what it leaves there is listed after it ends. With "hang", its samples hang after
+# the first thousands: the trial kills its workers.
+IN_PROCESS_TRIAL = """
+import sys, time
+import torch
+from torch.utils.data import Dataset
+from loadertune.config import Config
+from loadertune.trials import Limits, window_for
+from loadertune.trials.inline import InlineRunner
+HANG = sys.argv[1:] == ["hang"]
+class Rows(Dataset):
+    def __len__(self): return 10**6
+    def __getitem__(self, i):
+        if HANG and i > 3000:
+            time.sleep(3600)
+        return torch.randn(64)
+runner = InlineRunner(Rows())
+config = Config(32, 3, 2)
+limits = Limits(timeout_s=60, startup_s=30, hang_s=2)
+result = runner.run(config, window=window_for(config, window_s=30 if HANG else 0.3), limits=limits)
+runner.close()
+assert (result.failure is not None) == HANG, result.failure
+"""
+
+
+def _temp_leftovers(folder: Path) -> list[str]:
+    return sorted(
+        p.name for p in folder.iterdir() if p.name.startswith(("pymp-", leftovers.TEMP_PREFIX))
+    )
+
+
+def test_a_trials_killed_workers_leave_no_temporary_folder() -> None:
+    """Each worker hands its batches over through a socket in a folder of /tmp made on its first
+    batch; a trial that kills its workers (here: they hang) left one such folder each (31,766 on
+    this machine after a day): the trial removes them."""
+    folder = Path(tempfile.mkdtemp(prefix="lt-"))  # short: see the next test
+    try:
+        env = {**os.environ, "TMPDIR": str(folder)}
+        done = subprocess.run(
+            [sys.executable, "-c", IN_PROCESS_TRIAL, "hang"],
+            env=env,
+            capture_output=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
+        assert _temp_leftovers(folder) == []
+    finally:
+        shutil.rmtree(folder)
+
+
+def test_a_long_temporary_folder_is_not_nested() -> None:
+    """A socket's path has a limit (107 bytes): under a $TMPDIR of 70 characters, where
+    multiprocessing's own socket fits, one folder more left the workers no socket to hand a
+    batch over through, and the trial timed out."""
+    folder = Path(tempfile.mkdtemp(prefix="lt-"))
+    try:
+        long = folder / ("x" * (70 - len(str(folder)) - 1))
+        long.mkdir()
+        assert len(str(long)) + leftovers.SOCKET_NAME_LEN <= leftovers.SOCKET_PATH_MAX
+        env = {**os.environ, "TMPDIR": str(long)}
+        done = subprocess.run(
+            [sys.executable, "-c", IN_PROCESS_TRIAL], env=env, capture_output=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
+    finally:
+        shutil.rmtree(folder)
+
+
+def test_only_dead_processes_temporary_folders_are_removed(tmp_path: Path) -> None:
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    try:
+        for pid in (alive.pid, dead.pid):
+            (tmp_path / f"{leftovers.TEMP_PREFIX}{pid}-abc" / "pymp-x").mkdir(parents=True)
+        (tmp_path / f"pymp-{dead.pid}").mkdir()  # not one of loadertune's names: not touched
+        leftovers.remove_leftovers([alive.pid, dead.pid], temp=tmp_path)
+        assert _temp_leftovers(tmp_path) == [
+            f"{leftovers.TEMP_PREFIX}{alive.pid}-abc",
+            f"pymp-{dead.pid}",
+        ]
+    finally:
+        alive.kill()
+        alive.wait()
+
+
+def test_a_script_search_leaves_no_temporary_folder(tmp_path: Path) -> None:
+    """A script's trial processes and their workers are killed with their group at each
+    launch's end: what multiprocessing made for them in /tmp goes with them (112 folders were
+    left by this search before)."""
+    script = Path(__file__).parent / "scripts" / "slow_samples.py"
+    folder = Path(tempfile.mkdtemp(prefix="lt-"))  # short (a socket's path is short)
+    try:
+        env = {**os.environ, "TMPDIR": str(folder)}
+        args = ["search", str(script), "--out", str(tmp_path / "rec.json"), "--budget", "25"]
+        args += ["--window", "0.3", "--storage", f"sqlite:///{tmp_path}/s.db", "--fresh"]
+        done = subprocess.run(
+            [sys.executable, "-m", "loadertune", *args, "--json"],
+            env=env,
+            capture_output=True,
+            timeout=180,
+        )
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
+        trials = json.loads(done.stdout)["trials"]
+        assert any(t["params"]["num_workers"] and t["status"] == "ok" for t in trials)
+        assert _temp_leftovers(folder) == []
+    finally:
+        shutil.rmtree(folder)
