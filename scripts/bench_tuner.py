@@ -35,6 +35,7 @@ wait, CPU work and a size per sample, a CPU step or none, one batch size or five
 
     python scripts/bench_tuner.py                      # all workloads, about 40 minutes
     python scripts/bench_tuner.py --drawn 6 --draw-seed 20261127       # six drawn ones
+    python scripts/bench_tuner.py --workloads drawn_20261127_2         # one of them again
     python scripts/bench_tuner.py --workloads tiny_tensors,io_latency --budget 60
     python scripts/bench_tuner.py --quick --workloads python_dicts     # does it run?
 """
@@ -44,6 +45,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import sys
 import tempfile
 import time
@@ -253,10 +255,12 @@ def main() -> None:
         workloads = [draw_workload(args.draw_seed, i) for i in range(args.drawn)]
     else:
         wanted = args.workloads.split(",")
-        unknown = set(wanted) - {w.name for w in WORKLOADS}
+        drawn = [n for n in wanted if re.fullmatch(r"drawn_\d+_\d+", n)]  # one drawn again
+        unknown = set(wanted) - {w.name for w in WORKLOADS} - set(drawn)
         if unknown:
             ap.error(f"unknown workloads {sorted(unknown)}; known: {[w.name for w in WORKLOADS]}")
         workloads = [w for w in WORKLOADS if w.name in wanted]
+        workloads += [draw_workload(*map(int, n.split("_")[1:])) for n in drawn]
     hw = hardware.detect()
     print(f"machine: {hw.describe()}\ncommand: python {' '.join(sys.argv)}", flush=True)
     if args.drawn:
