@@ -12,14 +12,7 @@ from loadertune.config import Config
 from loadertune.hardware import detect
 from loadertune.measure.meter import Measurement
 from loadertune.measure.resources import ResourceUsage
-from loadertune.search.probe import (
-    SEED_IN_FLIGHT_BYTES,
-    Estimates,
-    estimate,
-    seed_configs,
-    seed_prefetch,
-    space_for,
-)
+from loadertune.search.probe import Estimates, estimate, seed_configs, space_for
 from loadertune.search.settings import SearchSettings
 from loadertune.search.space import START_PREFETCH, SearchSpace
 from loadertune.trials import TrialResult
@@ -319,23 +312,6 @@ def test_seed_configs_far_above_the_cpus_start_between_them_and_the_estimate() -
     seeds = seed_configs(_estimates(60), space, batch_size=64, epoch_length_known=False)
     assert seeds[0] == Config(64, 13, START_PREFETCH)
     assert Config(64, 60, START_PREFETCH) in seeds
-
-
-def test_seeds_of_large_batches_keep_their_bytes_in_flight_within_a_gib() -> None:
-    """30 workers with prefetch 4 held 3.2 GB of 27-MB batches and made less than half of
-    prefetch 1's rate: a seed's prefetch halves while its batches in flight pass
-    SEED_IN_FLIGHT_BYTES (a GiB); small batches start deep, whatever the workers."""
-    large = SearchSpace(batch_sizes=(64,), max_workers=64, bytes_per_sample=419_000)
-    seeds = seed_configs(_estimates(60), large, batch_size=64, epoch_length_known=False)
-    assert seeds[0] == Config(64, 13, 2)  # 13 x 4 x 27 MB would pass a GiB; x 2 does not
-    assert Config(64, 60, 1) in seeds
-    for seed in seeds:
-        assert (large.in_flight_bytes(seed) or 0) <= SEED_IN_FLIGHT_BYTES or (
-            seed.prefetch_factor == 1
-        )
-    assert seed_prefetch(large, 64, 3) == START_PREFETCH  # 0.3 GB
-    small = SearchSpace(batch_sizes=(64,), max_workers=64, bytes_per_sample=2048)
-    assert seed_prefetch(small, 64, 60) == START_PREFETCH
 
 
 def test_seed_configs_cap_workers_at_max() -> None:

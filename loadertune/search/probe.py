@@ -317,27 +317,6 @@ def _batch_order(
     return sorted(space.batch_sizes, key=rank)
 
 
-# The bytes of the batches a seed keeps in flight (workers x prefetch x batch): past what keeps
-# every worker busy, a deeper buffer only absorbs jitter, and a deep one of large batches costs
-# memory and time. A drawn workload of 27-MB batches (`bench_tuner.py --drawn`, seed 20261127,
-# #2) made 930 samples/s with 30 workers and prefetch 4 (3.2 GB in flight), 2,126 with prefetch
-# 1, and 1,466 and 1,917 with 23 workers (interleaved, medians of 4); the search, seeded at
-# prefetch 4, tried no other and picked 0.85 of the best. The image example's best, 3 workers
-# with prefetch 4 or 8 of 39-MB batches (0.5 or 0.9 GB), stays within it.
-SEED_IN_FLIGHT_BYTES = 1 << 30
-
-
-def seed_prefetch(space: SearchSpace, batch_size: int, workers: int) -> int:
-    """The prefetch a seed of ``workers`` workers at ``batch_size`` starts at:
-    ``START_PREFETCH``, halved while its batches in flight pass :data:`SEED_IN_FLIGHT_BYTES`."""
-    pf = START_PREFETCH
-    while pf > 1 and (space.in_flight_bytes(Config(batch_size, workers, pf)) or 0.0) > (
-        SEED_IN_FLIGHT_BYTES
-    ):
-        pf //= 2
-    return pf
-
-
 def seed_configs(
     est: Estimates,
     space: SearchSpace,
@@ -363,18 +342,15 @@ def seed_configs(
     if need == 0 or space.max_workers == 0:
         variants = [Config(lead, 0, None, pin)]
     else:
-        deep = seed_prefetch(space, lead, first)
         variants = [
-            Config(
-                lead, min(w, space.max_workers), pf or seed_prefetch(space, lead, w), pin, persist
-            )
+            Config(lead, min(w, space.max_workers), pf, pin, persist)
             for w, pf in (
-                (first, deep),
-                (first + 1, None),
-                (need, None),
-                (first - 1, None),
-                (first, 2 if deep == START_PREFETCH else max(1, deep // 2)),  # and shallower
-                (min(space.max_workers, est.usable_cpus), None),
+                (first, START_PREFETCH),
+                (first + 1, START_PREFETCH),
+                (need, START_PREFETCH),
+                (first - 1, START_PREFETCH),
+                (first, 2),
+                (min(space.max_workers, est.usable_cpus), START_PREFETCH),
                 (first, 1),
             )
             if w >= 1
@@ -395,8 +371,7 @@ def seed_configs(
     # Every other batch size once, at the workers it needs (its step's rate is its own).
     for bs in others:
         w = _workers_to_try(est.at(bs), space)[1] if space.max_workers and need else 0
-        pf = seed_prefetch(space, bs, w) if w else None
-        wanted.append(Config(bs, w, pf, pin, persist and w > 0))
+        wanted.append(Config(bs, w, START_PREFETCH if w else None, pin, persist and w > 0))
     wanted += in_process if last else []
     wanted.extend(variants[1:])
     seeds: list[Config] = []
