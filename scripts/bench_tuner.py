@@ -249,18 +249,19 @@ def main() -> None:
     for key in ("budget", "grid_window", "window", "grid_max", "rounds"):
         if getattr(args, key) <= 0:
             ap.error(f"--{key.replace('_', '-')} must be positive, but got {getattr(args, key)}")
-    if args.drawn:
-        if args.draw_seed is None:
-            args.draw_seed = time.time_ns() % 2**31
-        workloads = [draw_workload(args.draw_seed, i) for i in range(args.drawn)]
-    else:
-        wanted = args.workloads.split(",")
-        drawn = [n for n in wanted if re.fullmatch(r"drawn_\d+_\d+", n)]  # one drawn again
-        unknown = set(wanted) - {w.name for w in WORKLOADS} - set(drawn)
-        if unknown:
-            ap.error(f"unknown workloads {sorted(unknown)}; known: {[w.name for w in WORKLOADS]}")
-        workloads = [w for w in WORKLOADS if w.name in wanted]
-        workloads += [draw_workload(*map(int, n.split("_")[1:])) for n in drawn]
+    if args.drawn and args.draw_seed is None:
+        args.draw_seed = time.time_ns() % 2**31
+    wanted = (
+        [f"drawn_{args.draw_seed}_{i}" for i in range(args.drawn)]
+        if args.drawn
+        else args.workloads.split(",")
+    )
+    drawn = [n for n in wanted if re.fullmatch(r"drawn_\d+_\d+", n)]  # seed and index
+    unknown = set(wanted) - {w.name for w in WORKLOADS} - set(drawn)
+    if unknown:
+        ap.error(f"unknown workloads {sorted(unknown)}; known: {[w.name for w in WORKLOADS]}")
+    workloads = [w for w in WORKLOADS if w.name in wanted]
+    workloads += [draw_workload(*map(int, n.split("_")[1:])) for n in drawn]
     hw = hardware.detect()
     print(f"machine: {hw.describe()}\ncommand: python {' '.join(sys.argv)}", flush=True)
     if args.drawn:

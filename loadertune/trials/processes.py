@@ -56,8 +56,8 @@ HELPER_CLEANUP_S = 2.0  # how long multiprocessing's resource tracker may take t
 
 
 def kill_group(pgid: int, grace_s: float = 3.0) -> int:
-    """SIGKILL every process in group ``pgid``, and remove what its dead workers left in shared
-    memory (:mod:`loadertune.trials.leftovers`); return how many were still alive.
+    """SIGKILL every process in group ``pgid``, and remove what its dead processes left in shared
+    memory and ``/tmp`` (:mod:`loadertune.trials.leftovers`); return how many were still alive.
 
     multiprocessing's resource tracker (started by a ``spawn`` or ``forkserver`` context: the
     named semaphores of the loader's queues, ``/dev/shm/sem.mp-*``, are shared by name and

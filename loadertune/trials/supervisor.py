@@ -69,9 +69,9 @@ class Supervisor:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        """Stop sampling, and remove what the trial's dead processes left in shared memory (a
-        worker the OOM killer ended mid-batch: :mod:`loadertune.trials.leftovers`); processes there
-        before the trial are not the trial's."""
+        """Stop sampling, and remove what the trial's dead processes left in shared memory and
+        ``/tmp`` (a worker the OOM killer ended mid-batch: :mod:`loadertune.trials.leftovers`);
+        processes there before the trial are not the trial's."""
         self.sampler.__exit__(*exc)
         leftovers.remove_leftovers(self.sampler.seen_pids - self._present)
 
