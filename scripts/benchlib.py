@@ -15,13 +15,17 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from torch.utils.data import DataLoader
+
 from loadertune.config import Config
 from loadertune.search.confirm import interleaved
 from loadertune.search.space import SearchSpace
+from loadertune.trials.loader import sample_counter
 
 Measure = Callable[[Config], "float | None"]
 
@@ -190,3 +194,29 @@ def compare(
     out = {"grid_best": row(grid_best, measured, medians[grid_best])}
     out.update({name: row(c, measured, medians[grid_best]) for name, c in named.items()})
     return out
+
+
+def plain_epoch_rate(
+    dataset: Any, step: Any, fixed: dict[str, Any], config: Config, epochs: int = 2
+) -> float:
+    """Samples/s of the last of ``epochs`` epochs of a plain loop (``for batch in loader:
+    step(batch)``), timed from ``iter()`` to its end: what a user's epochs run at, measured by
+    nothing of loadertune's. The first epoch is left out (a persistent loader's workers start
+    once per run, not per epoch); a non-persistent loader's start-up is in every epoch, the
+    timed one too.
+
+    A window's rate is no truth where the workers' buffer fills and drains over seconds: on
+    ``drawn_20261127_2`` (27-MB batches, 3.9 ms of waiting a sample, 252 batches an epoch)
+    in-process window trials read 0.63 to 1.91 of these epochs, whole-epoch trials 0.85 to 1.05
+    (``python scripts/bench_window_truth.py --workload drawn_20261127_2``)."""
+    loader = DataLoader(dataset, **{**fixed, **config.loader_kwargs()})
+    count, rate = sample_counter(loader), 0.0
+    for _ in range(epochs):
+        t0, n = time.perf_counter(), 0
+        for i, batch in enumerate(loader):
+            if step is not None:
+                step(batch)
+            n += count(batch, i)
+        rate = n / (time.perf_counter() - t0)
+    del loader
+    return rate
