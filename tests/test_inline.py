@@ -60,6 +60,32 @@ def test_measures_a_multi_worker_loader() -> None:
     assert result.orphans_killed == 0
 
 
+class SlowAfterFirst(torch.utils.data.Dataset):
+    """Every sample but the first (an epoch's) waits ``sleep_s``."""
+
+    def __init__(self, n: int, sleep_s: float) -> None:
+        self.n, self.sleep_s = n, sleep_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i:
+            time.sleep(self.sleep_s)
+        return torch.zeros(4)
+
+
+def test_a_new_epochs_start_up_waits_for_no_batch_of_the_last() -> None:
+    # Persistent workers resume at a new iter() only once they have made (and torch dropped)
+    # every batch still queued of the epoch before: 2 workers x prefetch 2, 0.4 s each. An
+    # epoch's natural end leaves none queued, so its start-up is the first batch alone (here
+    # quick); timed mid-epoch without ending it, it read at least one slow batch more.
+    runner = InlineRunner(SlowAfterFirst(n=10_000, sleep_s=0.4))
+    result = run(runner, Config(1, 2, 2, persistent_workers=True), window_s=0.3)
+    assert result.ok and result.measurement is not None
+    assert result.measurement.reentry_s and result.measurement.reentry_s[0] < 0.4
+
+
 def test_more_workers_load_a_latency_bound_dataset_faster() -> None:
     runner = InlineRunner(SleepDataset(n=50000, sleep_s=0.001))
     one = run(runner, Config(32, 1, 2)).samples_per_s

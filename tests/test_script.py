@@ -159,6 +159,16 @@ def test_a_script_trial_running_at_the_search_deadline_is_cut_and_the_next_launc
         runner.close()
 
 
+def test_a_persistent_settings_start_up_waits_for_no_batch_queued_before() -> None:
+    """After a window, mid-epoch, a persistent setting's start-up per epoch is timed from idle
+    workers, as an epoch's end leaves them: one batch's fetch (0.5 s). Resumed with batches
+    still queued (2 workers x prefetch 2), torch waits for them first: it read 1.2 s."""
+    result = run("slow_every_sample.py", Config(1, 2, 2, persistent_workers=True))
+    assert result.ok, result.failure
+    assert result.measurement is not None and result.measurement.reentry_s
+    assert result.measurement.reentry_s[0] < 0.8
+
+
 def test_a_clearly_worse_trial_is_pruned_mid_window() -> None:
     result = run("style_alias.py", Config(16), window_s=2.0, should_stop=lambda i, rate: i >= 0)
     assert result.pruned and result.measurement is not None

@@ -361,6 +361,21 @@ def take_rest(iterator: object) -> Iterator[Any] | None:
     return rest
 
 
+def end_epoch_now(iterator: object | None) -> None:
+    """End ``iterator``'s epoch here, as its natural end does: its workers are asked for no
+    more batches, and those in flight are received (and dropped), so the workers sit idle.
+
+    A persistent-workers loader's next ``iter()`` waits for every batch its workers still have
+    queued (torch's resume throws them away): timed mid-epoch, that wait is no start-up of a
+    new epoch, which a natural end leaves with none in flight. On a workload of 27-MB batches,
+    each a quarter of a second of waiting, 30 workers at prefetch 4 read a second or more of
+    start-up per epoch that way. Not a DataLoader iterator of this torch: nothing is done."""
+    if iterator is None or take_rest(iterator) is None:
+        return
+    for _ in iterator:  # type: ignore[attr-defined]
+        pass
+
+
 def iterators_in(error: BaseException | None) -> list[object]:
     """The DataLoader iterators that ``error``'s tracebacks hold (through their frames)."""
     found: dict[int, object] = {}

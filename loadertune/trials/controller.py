@@ -318,7 +318,9 @@ class TrialController:
             and self.rank is None
             and self.conductor is None  # (the loop goes on, into a HotSwap: not measured)
         ):
-            t = time.perf_counter()  # a new epoch's start-up with persistent workers
+            # a new epoch's start-up with persistent workers, from idle ones (an epoch's end)
+            _internals.end_epoch_now(_internals.live_iterator(target.loader))
+            t = time.perf_counter()
             next(target.original(target.loader))
             m.reentry_s.append(time.perf_counter() - t)
         self._report(m, complete=True)

@@ -396,8 +396,8 @@ class HotSwap:
             and run.step.phase != "replay"
             and self.epoch_samples(cfg)
         ):
-            if self.drain and meter.iterator is not None:  # resuming would throw them away
-                self._take_in_flight(run, meter.iterator)
+            if meter.iterator is not None:  # timed from idle workers, as at an epoch's end;
+                self._take_in_flight(run, meter.iterator)  # resuming would throw them away
             t = time.perf_counter()  # a new epoch's start-up with persistent workers
             it = iter(run.segment)  # resumes the workers at the script's position
             try:

@@ -332,7 +332,11 @@ class InlineRunner(BaseRunner):
                 return
 
     def _reentry(self, loader: DataLoader[Any], meter: Meter) -> float:
-        """Seconds from ``iter(loader)`` to the first batch of a new epoch (start-up per epoch)."""
+        """Seconds from ``iter(loader)`` to the first batch of a new epoch (start-up per epoch),
+        from where an epoch's end leaves the workers: idle
+        (:func:`~loadertune.trials._torch_internals.end_epoch_now`)."""
+        if loader.persistent_workers:
+            _internals.end_epoch_now(meter.iterator)
         meter.release()  # drop the old epoch's iterator (and its workers, unless persistent)
         t = time.perf_counter()
         it = iter(loader)
