@@ -23,7 +23,7 @@ step(batch)``, from ``iter()`` to its end), measured by nothing of loadertune's,
 epoch at the grid's best takes ``--epoch-max`` seconds (30) or less; longer ones, and
 ``--truth window``, by ``--window`` trials. The grid, by 1-s window trials, only finds the
 candidates. A window is no truth where the workers' buffer fills and drains over seconds: on
-``drawn_20261127_2`` (27-MB batches, 252 an epoch) window trials read 0.52 to 1.91 of the plain
+``drawn_20261127_2`` (27-MB batches, 252 an epoch) window trials read 0.52 to 1.85 of the plain
 loop's epochs (``scripts/bench_window_truth.py``), and an earlier run of this benchmark, judged
 by windows, had put its pick at 85% of a grid best that plain-loop epochs do not bear out. The
 machine is shared and noisy: only ratios within one run are compared.
@@ -57,7 +57,6 @@ import argparse
 import dataclasses
 import functools
 import json
-import re
 import sys
 import tempfile
 import time
@@ -77,7 +76,7 @@ from loadertune.trials.inline import InlineRunner
 from loadertune.trials.loader import bytes_per_sample
 
 import benchlib
-from bench_workloads import WORKLOADS, draw_workload
+from bench_workloads import WORKLOADS, workload_named
 
 LIMITS = Limits(timeout_s=120, startup_s=60, hang_s=20)
 FULL = {"budget": 60.0, "grid_window": 1.0, "grid_max": 100, "window": 1.5, "rounds": 5}
@@ -283,12 +282,10 @@ def main() -> None:
         if args.drawn
         else args.workloads.split(",")
     )
-    drawn = [n for n in wanted if re.fullmatch(r"drawn_\d+_\d+", n)]  # seed and index
-    unknown = set(wanted) - {w.name for w in WORKLOADS} - set(drawn)
-    if unknown:
-        ap.error(f"unknown workloads {sorted(unknown)}; known: {[w.name for w in WORKLOADS]}")
-    workloads = [w for w in WORKLOADS if w.name in wanted]
-    workloads += [draw_workload(*map(int, n.split("_")[1:])) for n in drawn]
+    try:
+        workloads = [workload_named(name) for name in wanted]
+    except KeyError as e:
+        ap.error(e.args[0])
     hw = hardware.detect()
     print(f"machine: {hw.describe()}\ncommand: python {' '.join(sys.argv)}", flush=True)
     if args.drawn:

@@ -19,12 +19,10 @@ workers' buffer fills and drains over seconds::
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -33,18 +31,9 @@ from loadertune.trials import Limits, window_for
 from loadertune.trials.inline import InlineRunner
 
 import benchlib
-from bench_workloads import WORKLOADS, draw_workload
+from bench_workloads import workload_named
 
 LIMITS = Limits(timeout_s=120, startup_s=60, hang_s=20)
-
-
-def workload_named(name: str) -> Any:
-    if re.fullmatch(r"drawn_\d+_\d+", name):
-        return draw_workload(*map(int, name.split("_")[1:]))
-    for w in WORKLOADS:
-        if w.name == name:
-            return w
-    raise SystemExit(f"unknown workload {name!r}; known: {[w.name for w in WORKLOADS]}")
 
 
 def setting(text: str, batch_size: int) -> Config:
@@ -65,7 +54,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--window", type=float, default=1.5, help="a window trial's seconds (1.5)")
     args = ap.parse_args()
-    workload = workload_named(args.workload)
+    try:
+        workload = workload_named(args.workload)
+    except KeyError as e:
+        ap.error(e.args[0])
     dataset, fixed = workload.make_dataset(), dict(workload.loader_kwargs)
     configs = [setting(s, workload.batch_size) for s in args.settings.split(",")]
     print(f"{workload.name}: {workload.description}", flush=True)

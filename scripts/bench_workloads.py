@@ -76,6 +76,7 @@ import functools
 import importlib
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -760,3 +761,14 @@ WORKLOADS: list[Workload] = [
 ]
 
 WORKLOAD_BY_NAME: dict[str, Workload] = {w.name: w for w in WORKLOADS}
+
+
+def workload_named(name: str) -> Workload:
+    """One of :data:`WORKLOADS` by name, or a drawn one by ``drawn_SEED_INDEX``; KeyError with
+    what is known."""
+    if re.fullmatch(r"drawn_\d+_\d+", name):
+        return draw_workload(*map(int, name.split("_")[1:]))
+    for workload in WORKLOADS:
+        if workload.name == name:
+            return workload
+    raise KeyError(f"unknown workload {name!r}; known: {[w.name for w in WORKLOADS]}, drawn_S_I")

@@ -207,7 +207,7 @@ def plain_epoch_rate(
 
     A window's rate is no truth where the workers' buffer fills and drains over seconds: on
     ``drawn_20261127_2`` (27-MB batches, 3.9 ms of waiting a sample, 252 batches an epoch)
-    in-process window trials read 0.63 to 1.91 of these epochs, whole-epoch trials 0.85 to 1.05
+    in-process window trials read 0.52 to 1.85 of these epochs, whole-epoch trials 0.85 to 1.05
     (``python scripts/bench_window_truth.py --workload drawn_20261127_2``)."""
     loader = DataLoader(dataset, **{**fixed, **config.loader_kwargs()})
     count, rate = sample_counter(loader), 0.0
