@@ -88,19 +88,30 @@ def check_trials_ran_their_settings(
         for t in entry["trials"]
         if t["status"] == "ok" and t["phase"] != "replay" and t.get("ran")
     ]
-    # What each process ran: every trial that says so, pruned ones too (a process whose only
-    # measured setting was preceded or followed by a pruned one made both's batches).
+    # What each process ran: every trial, pruned, failed and cut ones too (a process whose
+    # only measured setting was preceded or followed by another made both's batches; a
+    # baseline the search's deadline cut 3 s in had made 191 batches in the process of the
+    # confirmation's last measured setting).
     per_pid: dict[int, list[dict]] = defaultdict(list)
     for trial in entry["trials"]:
-        if not trial.get("ran") or trial["phase"] == "replay":
+        if trial["phase"] == "replay":
+            continue
+        for pid in trial.get("pids") or []:
+            per_pid[pid].append(trial["params"])
+        if not trial.get("ran"):
             continue
         for ran in trial["ran"].get("ranks") or [trial["ran"]]:  # each rank of a torchrun trial
-            per_pid[ran["pid"]].append(trial["params"])
+            if ran["pid"] not in (trial.get("pids") or []):
+                per_pid[ran["pid"]].append(trial["params"])
             for pid in ran.get("cut_short_pids", []):  # the script ended its first try there
                 per_pid[pid].append(trial["params"])
-    # A failed trial does not say which process it ran in: any process may have made its batches.
+    # A failed trial that says nowhere which process it ran in: any may have made its batches
+    # (a trial skipped before it started, with no ``pids``, made none).
     unattributed = any(
-        not t.get("ran") and t["phase"] != "replay" and t["status"] == "failed"
+        not t.get("ran")
+        and not t.get("pids")
+        and t["phase"] != "replay"
+        and t["status"] == "failed"
         for t in entry["trials"]
     )
     checked = 0

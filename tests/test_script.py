@@ -140,8 +140,9 @@ def test_memory_budget_stops_a_script_trial() -> None:
 
 def test_a_script_trial_running_at_the_search_deadline_is_cut_and_the_next_launches_anew() -> None:
     """A script trial still in its window at the search's deadline (``Limits.ends_by``): its
-    launch is stopped, the trial recorded as skipped, not failed; the next trial of the same
-    runner starts a fresh launch and measures (the autouse fixture: nothing survives)."""
+    launch is stopped, the trial recorded as skipped, not failed, with the process it ran in
+    (its batches are there); the next trial of the same runner starts a fresh launch and
+    measures (the autouse fixture: nothing survives)."""
     runner = ScriptRunner(SCRIPTS / "slow_samples.py", loader=1)
     config = Config(8, 2, 2)
     try:
@@ -155,6 +156,9 @@ def test_a_script_trial_running_at_the_search_deadline_is_cut_and_the_next_launc
         after = runner.run(config, window=window_for(config, window_s=0.5), limits=limits)
         assert after.ok, after.failure
         assert runner.n_launches == 2
+        cut_pids, after_pids = cut.to_dict()["pids"], after.to_dict()["pids"]
+        assert len(cut_pids) == 1 and cut_pids != after_pids
+        assert after_pids == [after.to_dict()["ran"]["pid"]]
     finally:
         runner.close()
 

@@ -155,6 +155,10 @@ class Launch:
         """It runs further trials (it said its loader can change setting mid-epoch)."""
         return self.loader is not None and self.loader.get("one_setting_only") is None
 
+    def training_pids(self) -> list[int]:
+        """The process(es) that run the script's loop: where a trial's batches are made."""
+        return [self.proc.pid]
+
     def close(self) -> int:
         """End it: kill the group; how many were still alive."""
         self.chan.close()

@@ -86,6 +86,11 @@ class _RankedLaunch(Launch):
     def swaps(self) -> bool:
         return False
 
+    def training_pids(self) -> list[int]:
+        """Each rank's process that said hello, by rank (the launcher runs no loop)."""
+        ranks: _Ranks = self.chan  # type: ignore[assignment]
+        return [ranks.pids[rank] for rank in sorted(ranks.pids)]
+
     def close(self) -> int:
         """Kill every rank's session and the launcher's; how many were still alive."""
         ranks: _Ranks = self.chan  # type: ignore[assignment]

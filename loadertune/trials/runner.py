@@ -170,6 +170,7 @@ class TrialResult:
             "orphans_killed": self.orphans_killed,
             "number": self.number,
             "ran": self.extra.get("ran"),  # script trials: what the loader really ran with
+            "pids": self.extra.get("pids"),  # script trials: the processes of its loop
             "epoch_samples": self.epoch_samples,
             "cuda_device": self.cuda_device,
             "kept": self.kept,
@@ -203,7 +204,7 @@ class TrialResult:
             bytes_per_sample=data.get("bytes_per_sample"),
             orphans_killed=data.get("orphans_killed") or 0,
             kept=bool(data.get("kept")),
-            extra={"ran": data["ran"]} if data.get("ran") else {},
+            extra={key: data[key] for key in ("ran", "pids") if data.get(key)},
         )
 
 

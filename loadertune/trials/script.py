@@ -172,6 +172,9 @@ class ScriptRunner(BaseRunner):
             with sup:
                 self._supervise(trial)
         finally:
+            # Whatever the outcome, where it ran: a trial the deadline cut or that failed made
+            # batches there too, and has no ``ran`` to say so.
+            result.extra["pids"] = launch.training_pids()
             if not (trial.reusable and launch.swaps):
                 result.orphans_killed = self._end_launch()
         m = result.measurement
