@@ -289,6 +289,34 @@ def test_a_long_temporary_folder_is_not_nested() -> None:
         shutil.rmtree(folder)
 
 
+# A trial process that made its folder, started a "worker" in its group, and ended by itself.
+ENDS_LEAVING_A_WORKER = """
+import os, subprocess, sys
+os.makedirs(os.path.join(sys.argv[1], f"loadertune-mp-{os.getpid()}-abc", "pymp-x"))
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+"""
+
+
+def test_a_group_whose_leader_ended_and_was_reaped_loses_its_folder_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trial process that ends by itself (its script ran out of epochs) is reaped at once and
+    no longer listed in its group; killing the group still removes the folder named after it
+    (its workers' sockets are made there, so its own exit may not have emptied it)."""
+    leader = subprocess.Popen(
+        [sys.executable, "-c", ENDS_LEAVING_A_WORKER, str(tmp_path)], start_new_session=True
+    )
+    try:
+        leader.wait(timeout=30)
+        assert _temp_leftovers(tmp_path) == [f"{leftovers.TEMP_PREFIX}{leader.pid}-abc"]
+        assert leader.pid not in group_members(leader.pid) and group_members(leader.pid)
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+        assert kill_group(leader.pid) == 0
+        assert _temp_leftovers(tmp_path) == []
+    finally:
+        kill_group(leader.pid)
+
+
 def test_only_dead_processes_temporary_folders_are_removed(tmp_path: Path) -> None:
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
