@@ -377,6 +377,9 @@ def test_a_window_the_scripts_end_cut_short_is_measured_again_in_a_fresh_launch(
     # (a fresh launch holds several windows: only a launch that ran others before runs out)
     partial = [i for i, r in enumerate(results) if not r.measurement.complete]  # type: ignore[union-attr]
     assert not partial, partial
+    for r in results:  # a setting run again says where it ran both times: its batches are there
+        ran = r.extra["ran"]
+        assert set(r.extra["pids"]) == {ran["pid"], *ran.get("cut_short_pids", [])}, r.extra
 
 
 def test_a_worker_killed_mid_sequence_is_recorded_and_the_rest_runs_in_a_fresh_process() -> None:

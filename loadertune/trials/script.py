@@ -191,8 +191,11 @@ class ScriptRunner(BaseRunner):
             # started, as many as the buffer held, would measure a burst, not the rate.
             pid = (result.extra.get("ran") or {}).get("pid", launch.proc.pid)
             again = self._trial(config, request)
+            # Where else this setting ran: its batches are there too (said by ``pids`` however
+            # the second try ended, and by ``ran`` where it measured).
+            again.extra["pids"] = [*again.extra.get("pids", []), *result.extra["pids"]]
             ran = again.extra.get("ran")
-            if ran is not None:  # where else this setting ran: its batches are there too
+            if ran is not None:
                 ran["cut_short_pids"] = [*ran.get("cut_short_pids", []), pid]
             return again
         if result.failure is not None:
