@@ -31,7 +31,7 @@ from loadertune.recommendation import (
     interrupted_as_it_finished,
 )
 from loadertune.search import Observer, Search, SearchSettings
-from loadertune.trials import TrialRunner
+from loadertune.trials import TrialRunner, leftovers
 
 if TYPE_CHECKING:
     pass
@@ -118,6 +118,7 @@ def run_search(
     Ctrl-C or SIGTERM once the search is over (the runner closing, the recommendation being
     built) is the same :class:`SearchInterrupted` as during it, with the winner as the best so
     far; the runner is closed all the same."""
+    leftovers.sweep()  # what an earlier search or run, killed, left in /tmp
     try:
         outcome = Search(
             runner,

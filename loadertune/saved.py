@@ -151,9 +151,12 @@ def run_patched(
     """Run ``script`` as ``__main__`` with every DataLoader going through ``controller``; the
     lines ``said_at_end()`` gives are reported however the script ends. Returns its exit
     status; its own exceptions propagate."""
+    from loadertune.trials import leftovers
     from loadertune.trials.child import run_as_main
     from loadertune.trials.patch import patched
 
+    leftovers.sweep()  # what an earlier run or search, killed, left in /tmp
+    leftovers.own_temp_dir()  # this one's (a forkserver's socket) goes too, should it be killed
     try:
         with patched(controller):
             try:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
@@ -51,6 +55,16 @@ def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
         except psutil.Error:
             pass
     return out
+
+
+@pytest.fixture
+def short_temp() -> Iterator[Path]:
+    """A temporary folder for a test's child processes to use as theirs ($TMPDIR), removed after
+    the test with what they left there (a process the test kills leaves multiprocessing's
+    folder): short, since a socket's path there must be."""
+    folder = Path(tempfile.mkdtemp(prefix="lt-"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

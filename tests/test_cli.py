@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +19,7 @@ import psutil
 import pytest
 
 from loadertune import hardware, store
+from loadertune.trials import leftovers
 
 SCRIPTS = Path(__file__).parent / "scripts"
 FAST = ["--budget", "12", "--trials", "4", "--window", "0.3", "--fresh"]
@@ -521,12 +524,20 @@ def test_workers_die_with_a_sigkilled_run(
 
 def _sigkill_while_stuck(args: list[str], context: str, tmp_path: Path, **env: str) -> None:
     """Run `loadertune ARGS` on stuck_workers.py, SIGKILL it once both workers are stuck, and
-    check that no process of it is left a few seconds later."""
+    check that no process of it is left a few seconds later, and that what they left in their
+    temporary folder is all the next search's sweep removes."""
     pids_dir = tmp_path / "pids"
     pids_dir.mkdir()
+    temp = Path(tempfile.mkdtemp(prefix="lt-"))  # short, as conftest's short_temp
     proc = subprocess.Popen(
         [sys.executable, "-m", "loadertune", *args],
-        env={**os.environ, "STUCK_PIDS_DIR": str(pids_dir), "STUCK_CONTEXT": context, **env},
+        env={
+            **os.environ,
+            "STUCK_PIDS_DIR": str(pids_dir),
+            "STUCK_CONTEXT": context,
+            "TMPDIR": str(temp),
+            **env,
+        },
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -549,6 +560,15 @@ def _sigkill_while_stuck(args: list[str], context: str, tmp_path: Path, **env: s
             p.kill()
     assert not {p.pid for p in left} & workers, "DataLoader workers outlived the SIGKILLed CLI"
     assert not left, f"processes outlived the SIGKILLed CLI: {[p.cmdline() for p in left]}"
+    try:
+        deadline = time.monotonic() + 10  # the killed processes may take a moment to go
+        leftovers.sweep(temp)
+        while any(temp.iterdir()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+            leftovers.sweep(temp)
+        assert sorted(p.name for p in temp.iterdir()) == []
+    finally:
+        shutil.rmtree(temp)
 
 
 def _marking_script(tmp_path: Path) -> tuple[Path, Path]:

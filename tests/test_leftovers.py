@@ -75,7 +75,7 @@ def test_kill_group_removes_its_dead_processes_files_and_no_one_elses(tmp_path: 
             f.unlink()
 
 
-def test_a_real_loader_killed_mid_batch_leaves_no_shared_memory() -> None:
+def test_a_real_loader_killed_mid_batch_leaves_no_shared_memory(short_temp: Path) -> None:
     """The leak itself, with torch's own shared memory: a loader making 16-MB batches, its
     group SIGKILLed five times at different points of a batch. With one ``killpg`` about half
     the kills left a file (``scripts/bench_shm_leftovers.py``); ``kill_group`` must leave none."""
@@ -91,7 +91,10 @@ def test_a_real_loader_killed_mid_batch_leaves_no_shared_memory() -> None:
     left: list[Path] = []
     for i in range(5):
         proc = subprocess.Popen(
-            [sys.executable, "-c", child], stdout=subprocess.PIPE, start_new_session=True
+            [sys.executable, "-c", child],
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+            env={**os.environ, "TMPDIR": str(short_temp)},
         )
         assert proc.stdout is not None and proc.stdout.readline()
         time.sleep(1.0 + i * 0.053)
@@ -196,7 +199,7 @@ if __name__ == "__main__":
 
 
 def test_a_spawn_context_loaders_semaphores_are_unlinked_when_its_group_is_killed(
-    tmp_path: Path,
+    tmp_path: Path, short_temp: Path
 ) -> None:
     """Its queues' named semaphores are unlinked only by multiprocessing's resource tracker,
     which kill_group leaves to the last, so that it cleans up after the others (it left 14 per
@@ -205,7 +208,10 @@ def test_a_spawn_context_loaders_semaphores_are_unlinked_when_its_group_is_kille
     script.write_text(SPAWNED)
     before = set(leftovers.SHM_DIR.glob("sem.*"))
     proc = subprocess.Popen(
-        [sys.executable, str(script)], stdout=subprocess.PIPE, start_new_session=True
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+        env={**os.environ, "TMPDIR": str(short_temp)},
     )
     assert proc.stdout is not None and proc.stdout.readline()
     assert any(
@@ -248,7 +254,9 @@ assert (result.failure is not None) == HANG, result.failure
 
 def _temp_leftovers(folder: Path) -> list[str]:
     return sorted(
-        p.name for p in folder.iterdir() if p.name.startswith(("pymp-", leftovers.TEMP_PREFIX))
+        p.name
+        for p in folder.iterdir()
+        if p.name.startswith(("pymp-", leftovers.TEMP_PREFIX, leftovers.LOG_PREFIX))
     )
 
 
@@ -328,6 +336,33 @@ def test_only_dead_processes_temporary_folders_are_removed(tmp_path: Path) -> No
         leftovers.remove_leftovers([alive.pid, dead.pid], temp=tmp_path)
         assert _temp_leftovers(tmp_path) == [
             f"{leftovers.TEMP_PREFIX}{alive.pid}-abc",
+            f"pymp-{dead.pid}",
+        ]
+    finally:
+        alive.kill()
+        alive.wait()
+
+
+def test_the_sweep_removes_this_users_folders_of_processes_that_are_gone(tmp_path: Path) -> None:
+    """What a SIGKILLed search left (nobody was there to remove it) goes when the next one
+    starts: folders named after processes that no longer exist; a live one's stay, and so do
+    names that are not loadertune's and files that are not folders."""
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    try:
+        for prefix in (leftovers.TEMP_PREFIX, leftovers.LOG_PREFIX):
+            for pid in (alive.pid, dead.pid):
+                (tmp_path / f"{prefix}{pid}-abc" / "pymp-x").mkdir(parents=True)
+        (tmp_path / f"pymp-{dead.pid}").mkdir()
+        (tmp_path / f"{leftovers.TEMP_PREFIX}{dead.pid}-file").write_text("")
+        (tmp_path / f"{leftovers.TEMP_PREFIX}x-abc").mkdir()
+        assert leftovers.sweep(tmp_path) == 2
+        assert _temp_leftovers(tmp_path) == [
+            f"{leftovers.LOG_PREFIX}{alive.pid}-abc",
+            f"{leftovers.TEMP_PREFIX}{alive.pid}-abc",
+            f"{leftovers.TEMP_PREFIX}{dead.pid}-file",
+            f"{leftovers.TEMP_PREFIX}x-abc",
             f"pymp-{dead.pid}",
         ]
     finally:

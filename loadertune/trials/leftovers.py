@@ -20,6 +20,12 @@ machine's ``/tmp`` after a day of tests and benchmarks, one per killed worker. S
 process and each of its workers make that folder inside one named after themselves
 (:func:`own_temp_dir`, ``/tmp/loadertune-mp-<pid>-…``), and it goes with their shared memory.
 
+Nobody is left to remove them when the search itself is SIGKILLed (an OOM killer, a CI job's
+timeout): its trial processes and workers die with it (:mod:`loadertune.trials.lifeline`), and
+their folders stayed, with the search's own log folder, ten of them after one run of
+``tests/test_cli.py`` (its tests kill the CLI seven times). :func:`sweep` removes those the next
+search or run finds, by the same rule: named after a process that is gone.
+
 Only what is named after processes a trial started and killed is removed, and only once those
 processes are dead (a zombie is dead): a live process's files, or anyone else's, are never
 touched.
@@ -39,6 +45,7 @@ import psutil
 
 SHM_DIR = Path("/dev/shm")
 TEMP_PREFIX = "loadertune-mp-"  # + the worker's pid, "-", a random suffix
+LOG_PREFIX = "loadertune-logs-"  # a script search's trial logs: + the search's pid, "-", ...
 # A socket's path is at most 107 bytes on Linux, 103 on macOS; multiprocessing's is its folder's,
 # "/pymp-" and 8 characters, "/listener-" and 8. Where one level more would pass that (a long
 # $TMPDIR), the workers made no socket and hung: then the folder is not nested.
@@ -77,8 +84,31 @@ def remove_leftovers(pids: Iterable[int], folder: Path = SHM_DIR, temp: Path | N
     return freed
 
 
+def sweep(temp: Path | None = None) -> int:
+    """Remove the folders in ``temp`` (the default: the system's) that this user's loadertune
+    processes made and left when they were killed: those named after a process that is dead
+    (gone, or a zombie; a pid reused since by another process keeps its folder, harmlessly);
+    return how many. A search or run calls it once, as it starts."""
+    removed = 0
+    uid = os.getuid()
+    with contextlib.suppress(OSError), os.scandir(temp or tempfile.gettempdir()) as entries:
+        for entry in entries:
+            pid = _pid_of(entry.name)
+            with contextlib.suppress(OSError):
+                if pid is None or entry.stat(follow_symlinks=False).st_uid != uid:
+                    continue
+                if not entry.is_dir(follow_symlinks=False) or not _dead(pid):
+                    continue
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed += 1
+    return removed
+
+
 def _pid_of(name: str) -> int | None:
-    pid = name[len(TEMP_PREFIX) :].partition("-")[0]
+    prefix = next((p for p in (TEMP_PREFIX, LOG_PREFIX) if name.startswith(p)), None)
+    if prefix is None:
+        return None
+    pid = name[len(prefix) :].partition("-")[0]
     return int(pid) if pid.isdigit() else None
 
 

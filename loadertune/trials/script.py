@@ -44,7 +44,7 @@ from loadertune.errors import ConfigError, ScriptError
 from loadertune.measure import nvml
 from loadertune.measure.failures import Failure, FailureKind
 from loadertune.measure.meter import Measurement, WindowSpec
-from loadertune.trials import applied, messages, reported
+from loadertune.trials import applied, leftovers, messages, reported
 from loadertune.trials.forkserver import ForkServer
 from loadertune.trials.identity import target_line
 from loadertune.trials.processes import (
@@ -130,7 +130,7 @@ class ScriptRunner(BaseRunner):
         self.batch_size_fixed: str | None = None  # why the batch size cannot be searched
         self.loader_recreated = False
         self._check_lengths = False  # batch lengths tell the batch size (see trials.applied)
-        self._logdir = tempfile.TemporaryDirectory(prefix="loadertune-")
+        self._logdir = tempfile.TemporaryDirectory(prefix=f"{leftovers.LOG_PREFIX}{os.getpid()}-")
         self._launch: Launch | None = None
         self.n_launches = 0
         self._handlers: dict[str, Callable[[Any, Trial], bool]] = {
