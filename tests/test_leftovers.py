@@ -370,6 +370,41 @@ def test_the_sweep_removes_this_users_folders_of_processes_that_are_gone(tmp_pat
         alive.wait()
 
 
+def _left_by_a_killed_process(folder: Path) -> Path:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    left = folder / f"{leftovers.TEMP_PREFIX}{dead.pid}-abc"
+    (left / "pymp-x").mkdir(parents=True)
+    return left
+
+
+def test_a_search_and_a_run_sweep_as_they_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tune_loader (every search goes through run_search) and `loadertune run` (through
+    run_patched) each remove what a killed one left."""
+    from loadertune import tune_loader
+    from loadertune.saved import run_script
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    left = _left_by_a_killed_process(tmp_path)
+    tune_loader(
+        [float(i) for i in range(64)],
+        batch_size=16,
+        n_trials=1,
+        budget_s=5,
+        window_s=0.2,
+        verbose=False,
+        resume=False,
+    )
+    assert not left.exists()
+    left = _left_by_a_killed_process(tmp_path)
+    script = tmp_path / "train.py"
+    script.write_text("print('trained')\n")
+    assert run_script(script, path=tmp_path / "none.json", report=lambda line: None) == 0
+    assert not left.exists()
+
+
 def test_a_script_search_leaves_no_temporary_folder(tmp_path: Path) -> None:
     """A script's trial processes and their workers are killed with their group at each
     launch's end: what multiprocessing made for them in /tmp goes with them (112 folders were
