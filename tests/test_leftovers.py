@@ -388,15 +388,7 @@ def test_a_search_and_a_run_sweep_as_they_start(
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     left = _left_by_a_killed_process(tmp_path)
-    tune_loader(
-        [float(i) for i in range(64)],
-        batch_size=16,
-        n_trials=1,
-        budget_s=5,
-        window_s=0.2,
-        verbose=False,
-        resume=False,
-    )
+    tune_loader([float(i) for i in range(64)], n_trials=1, budget_s=5, verbose=False, resume=False)
     assert not left.exists()
     left = _left_by_a_killed_process(tmp_path)
     script = tmp_path / "train.py"
