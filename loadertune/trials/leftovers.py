@@ -22,7 +22,7 @@ process and each of its workers make that folder inside one named after themselv
 
 Nobody is left to remove them when the search itself is SIGKILLed (an OOM killer, a CI job's
 timeout): its trial processes and workers die with it (:mod:`loadertune.trials.lifeline`), and
-their folders stayed, with the search's own log folder, ten of them after one run of
+their folders stayed, with the search's own log folder: 13 after one run of
 ``tests/test_cli.py`` (its tests kill the CLI seven times). :func:`sweep` removes those the next
 search or run finds, by the same rule: named after a process that is gone.
 
@@ -37,7 +37,7 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from multiprocessing import util
 from pathlib import Path
 
@@ -76,11 +76,7 @@ def remove_leftovers(pids: Iterable[int], folder: Path = SHM_DIR, temp: Path | N
                 size = path.stat().st_size
                 path.unlink()
                 freed += size
-    with contextlib.suppress(OSError), os.scandir(temp or tempfile.gettempdir()) as entries:
-        for entry in entries:  # one pass: a busy /tmp holds many thousands of names
-            name = entry.name
-            if name.startswith(TEMP_PREFIX) and _pid_of(name) in dead:
-                shutil.rmtree(entry.path, ignore_errors=True)
+    _remove_folders(temp, lambda pid: pid in dead)
     return freed
 
 
@@ -89,15 +85,21 @@ def sweep(temp: Path | None = None) -> int:
     processes made and left when they were killed: those named after a process that is dead
     (gone, or a zombie; a pid reused since by another process keeps its folder, harmlessly);
     return how many. A search or run calls it once, as it starts."""
+    return _remove_folders(temp, _dead)
+
+
+def _remove_folders(temp: Path | None, remove: Callable[[int], bool]) -> int:
+    """Remove this user's folders in ``temp`` named after a pid that ``remove`` accepts; return
+    how many."""
     removed = 0
     uid = os.getuid()
     with contextlib.suppress(OSError), os.scandir(temp or tempfile.gettempdir()) as entries:
-        for entry in entries:
+        for entry in entries:  # one pass: a busy /tmp holds many thousands of names
             pid = _pid_of(entry.name)
             with contextlib.suppress(OSError):
-                if pid is None or entry.stat(follow_symlinks=False).st_uid != uid:
+                if pid is None or not entry.is_dir(follow_symlinks=False):
                     continue
-                if not entry.is_dir(follow_symlinks=False) or not _dead(pid):
+                if entry.stat(follow_symlinks=False).st_uid != uid or not remove(pid):
                     continue
                 shutil.rmtree(entry.path, ignore_errors=True)
                 removed += 1
