@@ -16,15 +16,20 @@ step(batch)``, nothing of loadertune's in the loop. Per epoch it prints:
 
 With ``--out-of-order``, each setting runs again with ``in_order=False`` (torch's
 ``DataLoader`` argument: finished batches are handed over as they come, so the order of batches
-changes), side by side.
+changes), side by side. With ``--file-system``, each setting runs again with its workers
+started under ``torch.multiprocessing``'s ``file_system`` sharing strategy (a batch's shared
+memory is opened by name; under the default ``file_descriptor``, the loop receives each tensor's
+file descriptor from the worker that made it, through that worker's resource-sharer thread),
+side by side.
 
     python scripts/bench_epoch_profile.py --workload drawn_20261128_0 \\
-        --settings 16:4,15:1,12:8,10:4 [--epochs 3] [--out-of-order]
+        --settings 16:4,15:1,12:8,10:4 [--epochs 3] [--out-of-order] [--file-system]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import time
@@ -33,6 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import torch.multiprocessing as tmp
 from bench_window_truth import setting
 from torch.utils.data import DataLoader
 
@@ -83,6 +89,9 @@ def main() -> None:
     ap.add_argument("--settings", required=True, help="W:PF[:BS],... (persistent workers)")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--out-of-order", action="store_true", help="also with in_order=False")
+    ap.add_argument(
+        "--file-system", action="store_true", help="also under the file_system sharing strategy"
+    )
     args = ap.parse_args()
     try:
         workload = workload_named(args.workload)
@@ -91,22 +100,33 @@ def main() -> None:
     dataset, fixed = workload.make_dataset(), dict(workload.loader_kwargs)
     print(f"{workload.name}: {workload.description}", flush=True)
     orders = (True, False) if args.out_of_order else (True,)
+    strategies = ("file_descriptor", "file_system") if args.file_system else ("file_descriptor",)
+    variants = list(itertools.product(orders, strategies))
     for text in args.settings.split(","):
         config = setting(text, workload.batch_size)
         if not config.num_workers:
             ap.error(f"{text}: a profile needs workers")
         in_flight = config.num_workers * (config.prefetch_factor or 2)
         loaders = {
-            order: DataLoader(dataset, **{**fixed, **config.loader_kwargs()}, in_order=order)
-            for order in orders
+            (order, strategy): DataLoader(
+                dataset, **{**fixed, **config.loader_kwargs()}, in_order=order
+            )
+            for order, strategy in variants
         }
         for epoch in range(args.epochs):
-            for order, loader in loaders.items():  # interleaved, epoch by epoch
+            for (order, strategy), loader in loaders.items():  # interleaved, epoch by epoch
+                # Persistent workers keep the strategy they were forked under (the first epoch's).
+                tmp.set_sharing_strategy(strategy)
                 figures = profile(
                     loader, workload.step, config.batch_size, in_flight, config.num_workers
                 )
-                label = config.label() + ("" if order else " out of order")
+                label = (
+                    config.label()
+                    + ("" if order else " out of order")
+                    + ("" if strategy == "file_descriptor" else " file_system")
+                )
                 print(f"{label}, epoch {epoch}: {figures}", flush=True)
+        tmp.set_sharing_strategy("file_descriptor")
         del loaders
 
 

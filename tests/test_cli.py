@@ -23,6 +23,7 @@ from loadertune.trials import leftovers
 
 SCRIPTS = Path(__file__).parent / "scripts"
 FAST = ["--budget", "12", "--trials", "4", "--window", "0.3", "--fresh"]
+TRIAL_PHASES = ("baseline", "probe", "replay", "search", "confirm")  # a trial line's first word
 
 
 def loadertune(
@@ -127,13 +128,15 @@ def test_a_script_that_ends_early_gives_a_low_confidence_result(tmp_path: Path) 
 def test_script_failures_stop_at_once_with_the_cause(
     script: str, extra: tuple[str, ...], message: str, tmp_path: Path
 ) -> None:
-    t0 = time.monotonic()
     proc = search(script, tmp_path, *extra)
     assert proc.returncode == 1
     assert message in proc.stderr
     if script in ("no_loader.py", "never_iterates.py"):  # no loader seen: its settings unknown
         assert "bs=1 " not in proc.stderr and "the script's own" in proc.stderr, proc.stderr
-    assert time.monotonic() - t0 < 25  # one trial, not the whole budget
+    # One trial, not the whole budget: counted from the trial lines printed, not timed (a
+    # loaded machine took 25 s for this one trial, beside a CI run).
+    trials = [line for line in proc.stderr.splitlines() if line.split(" ", 1)[0] in TRIAL_PHASES]
+    assert len(trials) == 1, proc.stderr
     assert not (tmp_path / "rec.json").exists()
 
 

@@ -112,7 +112,8 @@ def test_the_trial_process_killed_mid_trial_leaves_no_worker() -> None:
     result = run("kills_parent.py", Config(16, 2, 2))
     assert result.error == "host_oom", result.failure
     assert "killed" in result.failure.message  # type: ignore[union-attr]
-    assert time.monotonic() - t0 < 30
+    # Seen at once, not by the 60-s timeout; a script launch beside a CI run took up to 19 s.
+    assert time.monotonic() - t0 < 55
     assert run("kills_parent.py", Config(16, 1, 2)).ok  # one worker: no kill
 
 
@@ -123,7 +124,7 @@ def test_a_hung_step_times_out() -> None:
     # 10 ms) filled the 0.3 s default first and the trial passed.
     result = run("hangs_in_step.py", Config(16), limits=limits, window_s=5.0)
     assert result.error == "timeout"
-    assert time.monotonic() - t0 < 20
+    assert time.monotonic() - t0 < 45  # by the 2-s hang limit, not the 60-s timeout
 
 
 def test_memory_budget_stops_a_script_trial() -> None:
@@ -149,7 +150,7 @@ def test_a_script_trial_running_at_the_search_deadline_is_cut_and_the_next_launc
         t0 = time.monotonic()
         limits = Limits(timeout_s=120, startup_s=30, hang_s=5, ends_by=t0 + 6.0)
         cut = runner.run(config, window=window_for(config, window_s=60), limits=limits)
-        assert time.monotonic() - t0 < 25
+        assert time.monotonic() - t0 < 45  # at the deadline, not at the window's 60 s
         assert cut.failure is None and cut.status == "skipped" and cut.measurement is None
         assert cut.skipped is not None and "deadline" in cut.skipped
         limits = Limits(timeout_s=60, startup_s=30, hang_s=5)
