@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -735,4 +736,7 @@ def test_ctrl_c_ends_run_as_it_ends_python_with_the_scripts_traceback(tmp_path: 
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-2000:]
     assert "Aborted!" not in err
-    assert f'File "{script}", line 6, in <module>' in err and "KeyboardInterrupt" in err
+    # Its own frame: the loop's line, or the print's when the signal came as the line it waited
+    # for was flushed (a loaded machine, beside a CI run).
+    assert re.search(rf'File "{re.escape(str(script))}", line [4-7], in <module>', err), err
+    assert "KeyboardInterrupt" in err
