@@ -65,7 +65,12 @@ def trial_line(result: TrialResult) -> str:
             what += f"  blocked {_pct(m.blocked_fraction)}  spread {_pct(m.spread)}"
         if result.pruned:
             what += "  (pruned)"
-    label = "the script's own" if result.extra.get("settings_unknown") else result.config.label()
+    if result.extra.get("settings_unknown"):
+        label = "the script's own"
+    elif result.extra.get("batch_size_fixed"):
+        label = kwargs_label({**result.params, "batch_size": None})
+    else:
+        label = result.config.label()
     return f"{result.phase:<8} {label:<32} {what}"
 
 
@@ -478,11 +483,8 @@ def print_summary(
     console.print(summary_table(rec))
     for line in summary_lines(rec):
         console.print(line, highlight=False, soft_wrap=True)
-    sampler = (
-        ""
-        if "batch_size" in rec.loader_kwargs
-        else "  (your batch_sampler keeps deciding the batch size)"
-    )
+    why = (rec.workload or {}).get("batch_size_fixed") or "your batch_sampler decides the batches"
+    sampler = "" if "batch_size" in rec.loader_kwargs else f"  ({why})"
     console.print(
         f"use: DataLoader(dataset, **{rec.loader_kwargs}){sampler}",
         highlight=False,

@@ -307,13 +307,16 @@ class _TuneScript:
                 key=list(record.identity),
                 lines=list(record.lines),
             )
+            from loadertune.trials.hotswap import why_not
+
+            size = loader.batch_size or getattr(loader.batch_sampler, "batch_size", None)
             self.apply.report(
-                "loadertune: tuning "
+                ("loadertune: tuning " if why_not(loader) is None else "loadertune: found ")
                 + target_line(
                     index=record.index,
                     call_site=record.call_site,
                     dataset=record.dataset,
-                    batch_size=loader.batch_size,
+                    batch_size="None" if loader.batch_sampler is None else size,
                     chosen_by=self._chosen_by,
                     rebuilt=record.origin is not None,
                     key=record.identity,

@@ -10,6 +10,7 @@ from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
 from loadertune.config import Config
 from loadertune.trials.loader import apply_settings
+from loadertune.trials.messages import NO_BATCHING
 from loadertune.trials.patch import LoaderRecord, matches_site, patched
 
 
@@ -120,6 +121,23 @@ def test_a_batch_sampler_is_rebuilt_with_the_trials_batch_size_where_its_type_al
     assert "cannot rebuild it" in (batch_size_fixed(custom) or "")
     kept = apply_settings({"dataset": None, "batch_sampler": custom}, Config(32, 0))
     assert kept["batch_sampler"] is custom
+
+
+def test_a_loader_without_automatic_batching_is_rebuilt_without_it() -> None:
+    """``batch_size=None`` and no batch sampler: rebuilt with a trial's workers, its items stay
+    the batches (the trial's batch size 1 is not applied) and its sampler is kept."""
+    from loadertune.trials.loader import rebuilt, why_batch_size_fixed
+
+    loader = DataLoader(list(range(20)), batch_size=None, shuffle=True)
+    assert why_batch_size_fixed(loader) == NO_BATCHING
+    new = rebuilt(loader, Config(1, 2, 2))
+    assert new.batch_size is None and new.batch_sampler is None and new.num_workers == 2
+    assert new.sampler is loader.sampler  # shuffled as the script's
+    items = list(new)
+    assert sorted(items) == list(range(20)) and all(type(x) is int for x in items)  # not [x]
+    script_kwargs = {"dataset": list(range(20)), "batch_size": None, "shuffle": True}
+    assert apply_settings(script_kwargs, Config(1, 2))["batch_size"] is None
+    assert why_batch_size_fixed(DataLoader(list(range(20)), batch_size=4)) is None
 
 
 def test_accelerates_shard_of_a_batch_sampler_is_rebuilt_around_a_resized_one() -> None:

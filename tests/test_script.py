@@ -15,7 +15,7 @@ from loadertune.errors import ConfigError
 from loadertune.measure.meter import Measurement, WindowSpec
 from loadertune.measure.resources import tree_pss
 from loadertune.trials import Limits, window_for
-from loadertune.trials.messages import Message
+from loadertune.trials.messages import NO_BATCHING, Message
 from loadertune.trials.script import (
     ScriptRunner,
     _enough_without_workers,
@@ -465,6 +465,29 @@ def test_a_batch_sampler_gets_each_batch_size_in_a_fresh_process() -> None:
     ran = [r.extra["ran"] for r in results]
     assert [max(x["batch_lengths"]) for x in ran] == [16, 32, 32, 16]
     assert ran[1]["pid"] == ran[2]["pid"] != ran[3]["pid"]
+
+
+def test_a_loader_without_automatic_batching_keeps_its_batches_in_every_trial() -> None:
+    """``batch_size=None``: the dataset's items are the batches. A trial applies its workers
+    and prefetch, never a batch size (settings say 1: re-batched by it, every batch would
+    become a batch of one, which the script's shape check rejects), and the search is told the
+    batch size is not its to change."""
+    runner = ScriptRunner(SCRIPTS / "no_batching.py")
+    limits = Limits(timeout_s=60, startup_s=30, hang_s=5)
+    configs = [None, Config(1, 2, 2), Config(1, 0)]
+    try:
+        results = [
+            runner.run(c, window=window_for(c or Config(1), window_s=0.3), limits=limits)
+            for c in configs
+        ]
+    finally:
+        runner.close()
+    assert all(r.ok for r in results), [r.failure for r in results]
+    assert runner.batch_size_fixed == NO_BATCHING
+    ran = [r.extra["ran"] for r in results]
+    assert [x["settings"]["num_workers"] for x in ran] == [0, 2, 0]
+    assert all(set(x["batch_lengths"]) == {16} for x in ran)  # counted as 16 samples each
+    assert all(r.extra.get("batch_size_fixed") for r in results[1:])  # labelled bs=sampler
 
 
 def test_a_loader_iterated_too_seldom_to_be_measured_says_so() -> None:

@@ -229,9 +229,7 @@ class TrialController:
                 epoch_samples=dl.epoch_samples(loader),
                 dataset=record.dataset,
                 batch_sampler=loader.batch_size is None,
-                batch_size_fixed=dl.batch_size_fixed(loader.batch_sampler)
-                if loader.batch_size is None
-                else None,
+                batch_size_fixed=dl.why_batch_size_fixed(loader),
                 cuda_available=torch.cuda.is_available(),
                 warnings=self._sharding_warnings(loader),
                 one_setting_only=one_only,
@@ -350,7 +348,7 @@ class TrialController:
         own = (
             self.config is None
             or self.config.batch_size == self._script_batch_size.get(record.index, 1)
-            or (loader.batch_size is None and dl.batch_size_fixed(loader.batch_sampler) is not None)
+            or dl.why_batch_size_fixed(loader) is not None
         )
         self.chan.send(messages.NoBatchesMsg(t="no_batches", why=why, own_batch_size=own))
         time.sleep(_LINGER_S)

@@ -22,6 +22,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 from loadertune.config import Config
 from loadertune.measure import nvml
 from loadertune.measure.counting import FixedCount, structure_count, structure_counter
+from loadertune.trials import messages
 
 # Set while loadertune builds or iterates a loader whose worker count it chose (this thread's).
 _QUIET = contextvars.ContextVar("loadertune_quiet_worker_warning", default=False)
@@ -65,6 +66,12 @@ def apply_settings(arguments: Mapping[str, Any], config: Config) -> dict[str, An
     (``prefetch_factor``, ``persistent_workers``, ``multiprocessing_context``, ``timeout``) go."""
     out = dict(arguments)
     out.update(config.loader_kwargs())
+    if (
+        "batch_size" in arguments
+        and arguments["batch_size"] is None
+        and not out.get("batch_sampler")
+    ):
+        out["batch_size"] = None  # no automatic batching: the dataset's items are the batches
     batch_sampler = out.get("batch_sampler")
     if batch_sampler is not None:
         out.pop("batch_size")
@@ -116,6 +123,17 @@ def batch_size_fixed(batch_sampler: Any) -> str | None:
         f"the loader's batch_sampler ({_type_name(batch_sampler)}) decides the batches, and "
         "loadertune cannot rebuild it with another batch size"
     )
+
+
+def why_batch_size_fixed(loader: DataLoader[Any]) -> str | None:
+    """Why ``loader``'s batch size cannot be searched, or None when it can: a batch sampler
+    :func:`batch_size_fixed` names, or no automatic batching at all (``batch_size=None``
+    without a batch sampler)."""
+    if loader.batch_size is not None:
+        return None
+    if loader.batch_sampler is None:
+        return messages.NO_BATCHING
+    return batch_size_fixed(loader.batch_sampler)
 
 
 def epoch_batches(loader: DataLoader[Any]) -> int | None:
@@ -225,10 +243,10 @@ def arguments_of(loader: DataLoader[Any]) -> dict[str, Any]:
     """Keyword arguments that build ``loader`` again (as frameworks rebuild a user's loader):
     its dataset, its sampler or batch sampler, its own settings and everything else it keeps."""
     arguments: dict[str, Any] = {"dataset": loader.dataset}
-    if loader.batch_size is None:
+    if loader.batch_size is None and loader.batch_sampler is not None:
         arguments["batch_sampler"] = loader.batch_sampler
     else:
-        arguments["batch_size"] = loader.batch_size
+        arguments["batch_size"] = loader.batch_size  # None: no automatic batching
         if not isinstance(loader.dataset, IterableDataset):
             arguments["sampler"] = loader.sampler
     own = settings_of(loader).loader_kwargs()
@@ -238,7 +256,7 @@ def arguments_of(loader: DataLoader[Any]) -> dict[str, Any]:
     for name in _KEPT:
         if hasattr(loader, name):
             arguments[name] = getattr(loader, name)
-    if loader.batch_size is None:
+    if "batch_sampler" in arguments:
         arguments.pop("drop_last", None)  # the batch sampler's own
     return arguments
 

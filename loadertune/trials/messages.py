@@ -24,6 +24,13 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypedDict
 
+# LoaderMsg's ``batch_size_fixed`` for a loader without automatic batching: its settings then
+# say batch size 1, which is not what it yields.
+NO_BATCHING = (
+    "the loader has no automatic batching (batch_size=None): its dataset's items are the "
+    "batches, and loadertune leaves them as they are"
+)
+
 
 class EventMsg(TypedDict):
     """A phase of the meter (``first_batch``, ``window_start``, ``window_end``) or ``beat``."""

@@ -203,6 +203,8 @@ class ScriptRunner(BaseRunner):
             result.resources = result.resources or sup.usage_so_far()
         if config is None and launch.loader is None:  # its batch size is not Config(1)'s either
             result.extra["settings_unknown"] = True
+        elif self.batch_size_fixed:  # the loader's batching decides, whatever Config says
+            result.extra["batch_size_fixed"] = True
         return result
 
     def _batches_fixed(self, launch: Launch, config: Config | None) -> bool:
@@ -335,7 +337,9 @@ class ScriptRunner(BaseRunner):
             index=msg["index"],
             call_site=msg["call_site"],
             dataset=msg["dataset"],
-            batch_size=msg["settings"].get("batch_size"),
+            batch_size="None"
+            if msg["batch_size_fixed"] == messages.NO_BATCHING
+            else msg["settings"].get("batch_size"),
             chosen_by=msg["chosen_by"],
             rebuilt=msg["origin"] is not None,
             key=msg["key"],
