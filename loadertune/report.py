@@ -246,6 +246,7 @@ _STOP_REASONS = {
     "compute_bound": "your settings already keep up (the loop almost never waited for data)",
     "no_new_proposals": "the sampler proposed no setting that was not measured already",
     "interrupted": "it was interrupted",
+    "run_ended": "the training run ended first (loadertune run --tune)",
 }
 
 

@@ -202,10 +202,16 @@ def _run_ranks(
 
 
 def save_partial(
-    path: str | os.PathLike[str], interrupted: SearchInterrupted, *, force: bool = False
+    path: str | os.PathLike[str],
+    interrupted: SearchInterrupted,
+    *,
+    force: bool = False,
+    run_ended: bool = False,
 ) -> str | None:
     """After an interrupted search, merge its best setting so far into ``path``, marked
-    ``"partial": true``. Returns the path, or None when no trial had finished.
+    ``"partial": true``; ``run_ended``: not interrupted, but a tuning whose training run ended
+    first (:func:`loadertune.store.partial_why` says which). Returns the path, or None when no
+    trial had finished.
 
     Raises:
         PartialNotSaved: the file holds a complete entry for this machine and workload, which
@@ -224,7 +230,7 @@ def save_partial(
         "search": {
             "study_name": interrupted.study_name,
             "storage": interrupted.storage,
-            "stop_reason": "interrupted",
+            "stop_reason": "run_ended" if run_ended else "interrupted",
             "n_complete": interrupted.n_complete,
         },
     }

@@ -90,6 +90,16 @@ SCHEMA_VERSION = 2
 LOCK_TIMEOUT_S = 30.0
 
 
+def partial_why(entry: dict[str, Any]) -> str | None:
+    """Why ``entry`` holds a best-so-far, not a finished search (``"partial": true``, by
+    :func:`loadertune.saved.save_partial`), in words; None for a finished one."""
+    if not entry.get("partial"):
+        return None
+    if (entry.get("search") or {}).get("stop_reason") == "run_ended":
+        return "the training run ended before its tuning did"
+    return "an interrupted search"
+
+
 def _empty() -> dict[str, Any]:
     return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "machines": {}}
 

@@ -164,7 +164,7 @@ class Tuner:
 
     def _save_partial(self, exc: SearchInterrupted) -> None:
         try:
-            self.saved_to = saved.save_partial(self.out, exc)
+            self.saved_to = saved.save_partial(self.out, exc, run_ended=True)
         except LoadertuneError as err:
             self.report(f"loadertune: the run ended before the tuning; {err}")
             return

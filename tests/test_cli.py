@@ -259,6 +259,28 @@ def test_show_marks_this_machine(tmp_path: Path) -> None:
     assert data["this_machine"] == hardware.current_key()
 
 
+@pytest.mark.parametrize(
+    ("run_ended", "words"),
+    [
+        (False, "partial: an interrupted search"),
+        (True, "partial: the training run ended before its tuning did"),
+    ],
+)
+def test_show_says_why_an_entry_is_partial(tmp_path: Path, run_ended: bool, words: str) -> None:
+    """A best-so-far saved by Ctrl-C is an interrupted search; one saved by `run --tune` whose
+    training ended before its tuning was not interrupted, and is not called so."""
+    from loadertune import saved
+    from loadertune.errors import SearchInterrupted
+
+    out = tmp_path / "rec.json"
+    best = {"loader_kwargs": {"batch_size": 16, "num_workers": 1}, "samples_per_s": 100.0}
+    stop = SearchInterrupted("stop", study_name="s", storage="mem", n_complete=2, best=best)
+    stop.workload = {"kind": "script", "script": "train.py", "call_site": "train.py:9"}
+    assert saved.save_partial(out, stop, run_ended=run_ended) == str(out)
+    proc = loadertune("show", str(out))
+    assert proc.returncode == 0 and words in proc.stdout, proc.stdout
+
+
 def test_show_reports_a_damaged_entry_in_one_line_and_lists_the_rest(tmp_path: Path) -> None:
     """Issue 14: no traceback; each damaged entry is one line saying what is wrong. An old
     (version 1) file: one entry per machine."""

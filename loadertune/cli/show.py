@@ -69,7 +69,8 @@ def _show_entry(console: Console, workload: str, entry: Any) -> None:
             Text.assemble(f"  {workload}", _damaged(f"the entry {problem}")), soft_wrap=True
         )
         return
-    partial = ("  (partial: an interrupted search)", "yellow") if entry.get("partial") else ""
+    why = store.partial_why(entry)
+    partial = (f"  (partial: {why})", "yellow") if why else ""
     console.print(Text.assemble(f"  {workload}", partial), soft_wrap=True)
     kwargs = entry["loader_kwargs"]
     rate = entry.get("samples_per_s")

@@ -13,6 +13,7 @@ import json
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
+from loadertune import store
 from loadertune.plots.data import ReportData, pss_mib
 from loadertune.plots.figures import knobs_figure, progress_figure, rate_figure, versus_figure
 from loadertune.plots.usage import gpu_figure, memory_figure
@@ -99,7 +100,7 @@ def _summary(data: ReportData) -> list[str]:
         f"<h1>loadertune: {html.escape(data.workload)}</h1>",
         f"<p>{html.escape(hw)}<br>measured {html.escape(str(entry.get('measured_at', '?')))}"
         f" · file {html.escape(data.file)} · machine {html.escape(data.machine)}"
-        + (" · <b>partial</b> (an interrupted search)" if entry.get("partial") else "")
+        + (f" · <b>partial</b> ({html.escape(why)})" if (why := store.partial_why(entry)) else "")
         + "</p>",
         f"<p>Use: <code>DataLoader(dataset, **{html.escape(kwargs)})</code></p>",
         _table(["", "baseline (yours)", "winner"], [list(r) for r in summary_rows(entry)]),
