@@ -34,6 +34,7 @@ from loadertune.trials import loader as dl
 from loadertune.trials.identity import (
     LoaderRecord,
     matches_site,
+    nth,
     ordinal,
     same_code,
     same_key,
@@ -81,10 +82,7 @@ class SavedEntry:
         if self.dataset and record.dataset and record.dataset != self.dataset:
             return f"it loads {record.dataset}, the entry was measured on {self.dataset}"
         if self.key is not None and ordinal(record.identity) != ordinal(self.key):
-            return (
-                f"it is DataLoader #{record.index}, not the one the entry was measured on, of "
-                f"the loaders created together at {record.call_site}"
-            )
+            return f"that was the {nth(ordinal(self.key))} created there"
         if self.key is None:
             return None
         same = same_code(record.identity, record.lines, self.key, self.lines)
@@ -145,10 +143,16 @@ class ApplySaved:
                 if said in self._said:
                     continue
                 self._said.add(said)
+                sibling = entry.key is not None and ordinal(record.identity) != ordinal(entry.key)
+                hint = (
+                    ""
+                    if sibling
+                    else " (if the script changed there, `loadertune search` measures it as it "
+                    "is now)"
+                )
                 self.report(
                     f"loadertune: DataLoader {record.describe()} is not the loader {entry.name} "
-                    f"was measured on ({why}); not changed (if the script changed there, "
-                    "`loadertune search` measures it as it is now)"
+                    f"was measured on ({why}); not changed{hint}"
                 )
         return arguments
 

@@ -139,9 +139,9 @@ class LoaderRecord:
         is, and what it was rebuilt from."""
         dataset = f" ({self.dataset})" if self.dataset else ""
         n = ordinal(self.identity)
-        nth = f", the {_nth(n)} created there" if n > 1 else ""
+        which = f", the {nth(n)} created there" if n > 1 else ""
         rebuilt = f", rebuilt from #{self.origin}" if self.origin is not None else ""
-        return f"#{self.index} at {self.call_site}{dataset}{nth}{rebuilt}"
+        return f"#{self.index} at {self.call_site}{dataset}{which}{rebuilt}"
 
 
 def ordinal(key: Sequence[str]) -> int:
@@ -153,7 +153,8 @@ def ordinal(key: Sequence[str]) -> int:
     return 1
 
 
-def _nth(n: int) -> str:
+def nth(n: int) -> str:
+    """``1st``, ``2nd``, ``23rd``, ``11th``."""
     suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
     return f"{n}{suffix}"
 
@@ -340,7 +341,7 @@ def target_line(
     notes = "".join(
         f"; {note}"
         for flag, note in (
-            (n > 1, f"the {_nth(n)} DataLoader created at that line"),
+            (n > 1, f"the {nth(n)} DataLoader created at that line"),
             (rebuilt, "rebuilt by the framework"),
             (recreated, "created again at each epoch"),
         )
