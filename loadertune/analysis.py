@@ -204,8 +204,8 @@ def _advise_step(outcome: SearchOutcome, hw: Hardware, diag: dict[str, Any]) -> 
     gpu = diag["memory"]["gpu"]
     if gpu is None and not any(t.cuda_device for t in outcome.trials):
         return (
-            "the training step is the bottleneck, not the loader: a faster loader buys "
-            "nothing; profile the step"
+            "with the winner, the training step is the bottleneck, not the loader: loading "
+            "faster still buys nothing; profile the step"
         )
     fits = (gpu or {}).get("predicted_max_batch_size")
     more = (
@@ -214,7 +214,7 @@ def _advise_step(outcome: SearchOutcome, hw: Hardware, diag: dict[str, Any]) -> 
         else ""
     )
     return (
-        "the GPU step is the bottleneck, not the loader: use mixed precision "
+        "with the winner, the GPU step is the bottleneck, not the loader: use mixed precision "
         f"(torch.autocast) to cut compute and activation memory{more}"
     )
 

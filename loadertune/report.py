@@ -409,10 +409,12 @@ def summary_lines(rec: Recommendation | Mapping[str, Any]) -> list[str]:
         and "batch_size" in kwargs
         and at_bs_kwargs["batch_size"] != kwargs["batch_size"]
     ):
+        at_rate = (at_bs or {}).get("samples_per_s")
         lines.append(
             f"best at your batch size: {Config.from_kwargs(at_bs_kwargs).label()} "
-            f"{_rate((at_bs or {}).get('samples_per_s'))} samples/s; the winner changes the batch "
-            "size, so scale the learning rate with it (linearly or by its square root)"
+            f"{_rate(at_rate)} samples/s{_at_batch_size_note(entry, at_bs_kwargs, at_rate)}; "
+            "the winner changes the batch size, so scale the learning rate with it (linearly "
+            "or by its square root)"
         )
     s = entry.get("search") or {}
     elapsed = s.get("elapsed_s")
@@ -472,6 +474,23 @@ def trials_table(trials: list[TrialResult]) -> Table:
             status,
         )
     return table
+
+
+def _at_batch_size_note(
+    entry: Mapping[str, Any], kwargs: Mapping[str, Any], rate: float | None
+) -> str:
+    """Why the best at the user's batch size is not the winner though its median over all its
+    trials is higher (one lucky search figure; or it lost the side-by-side final rounds)."""
+    winner_rate = entry.get("samples_per_s")
+    if not rate or not winner_rate or rate < winner_rate:
+        return ""
+    confirmed = any(
+        t.get("phase") == "confirm" and t.get("params") == dict(kwargs)
+        for t in entry.get("trials") or []
+    )
+    if confirmed:
+        return " over all its trials, but it lost to the winner side by side in the final rounds"
+    return " in the search alone: it was not measured beside the winner in the final rounds"
 
 
 def print_summary(

@@ -230,6 +230,23 @@ def test_summary_lines() -> None:
     assert not any("resumed" in line for line in lines)
 
 
+def test_a_best_at_your_batch_size_faster_than_the_winner_says_why_it_lost() -> None:
+    """Its figure is its median over all its trials; the winner won the final rounds. A higher
+    figure is explained: a search figure never set beside the winner, or a loss side by side."""
+    at_bs = Config(64, 4)
+    faster = {"loader_kwargs": at_bs.loader_kwargs(), "samples_per_s": 4400.0}
+
+    def line_of(rec: Recommendation) -> str:
+        return next(x for x in summary_lines(rec) if x.startswith("best at your batch size"))
+
+    line = line_of(_recommendation(best_at_batch_size=faster))
+    assert "4,400 samples/s in the search alone: it was not measured beside the winner" in line
+    confirmed = dataclasses.replace(OK, config=at_bs, phase="confirm")
+    line = line_of(_recommendation(best_at_batch_size=faster, trials=[OK, confirmed]))
+    assert "lost to the winner side by side in the final rounds" in line
+    assert "side by side" not in line_of(_recommendation())  # 3,000 < the winner's 4,000
+
+
 def test_summary_lines_say_when_the_budget_held_too_few_trials() -> None:
     """A baseline of seconds-long batches can spend the budget before the search explores
     anything: the summary says so, and what budget would give it room (ten trials of the
