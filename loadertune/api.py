@@ -348,7 +348,7 @@ def tune_script(
             "rebuilt_by_framework": info.get("origin") is not None,
             "recreated_each_epoch": runner.loader_recreated,
             "batch_size_fixed": runner.batch_size_fixed,
-            "epoch_samples": info.get("epoch_samples"),
+            "epoch_samples": runner.epoch_samples or info.get("epoch_samples"),
         }
 
     try:

@@ -490,6 +490,25 @@ def test_a_loader_without_automatic_batching_keeps_its_batches_in_every_trial() 
     assert all(r.extra.get("batch_size_fixed") for r in results[1:])  # labelled bs=sampler
 
 
+@pytest.mark.parametrize(("steps", "epoch_samples"), [(10, 160), (0, 1600)])
+def test_an_epoch_the_loop_ends_early_is_as_long_as_the_loop_makes_it(
+    steps: int, epoch_samples: int
+) -> None:
+    """A loop that breaks after 10 of the loader's 100 batches starts the workers again every
+    160 samples, not every 1,600: the trial's epoch (which the per-epoch rate charges one
+    start-up to) is what the script takes of it, once it has begun a second epoch."""
+    runner = ScriptRunner(SCRIPTS / "short_epochs.py", [str(steps)], loader="short_epochs.py:11")
+    limits = Limits(timeout_s=60, startup_s=30, hang_s=5)
+    try:
+        result = runner.run(
+            Config(16, 1, 2), window=window_for(Config(16), window_s=0.5), limits=limits
+        )
+    finally:
+        runner.close()
+    assert result.ok, result.failure
+    assert result.epoch_samples == runner.epoch_samples == epoch_samples
+
+
 def test_a_loader_iterated_too_seldom_to_be_measured_says_so() -> None:
     """rare_val.py's validation loader (#1: 4 batches, then a training epoch of 4 s): its epoch
     ends before the window does and it rests past the watchdog. That is said, and stops the

@@ -13,6 +13,7 @@ kill the group. The process itself (the script run as ``__main__``, the channel)
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -51,6 +52,59 @@ class ChannelSink:
         return not self.stop
 
 
+class _CountedEpoch:
+    """An epoch of the target as the script's loop takes it: how many batches, and whether it
+    ran to its end."""
+
+    __slots__ = ("_it", "batches", "ended", "taken")
+
+    def __init__(self, it: Iterator[Any], batches: int) -> None:
+        self._it, self.batches, self.taken, self.ended = it, batches, 0, False
+
+    def __iter__(self) -> _CountedEpoch:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            self.ended = True
+            raise
+        self.taken += 1
+        return batch
+
+
+class EpochLengths:
+    """How much of each epoch of the target the script takes. A loop that breaks after N steps
+    (or a ``zip`` with a shorter loader) begins the next epoch early: its epochs, and so how
+    often non-persistent workers start again, are that long, not the loader's length."""
+
+    def __init__(self) -> None:
+        self._epochs: list[_CountedEpoch] = []
+
+    def count(self, it: Iterator[Any], batches: int | None) -> Iterator[Any]:
+        if not batches:  # the length is unknown: nothing to compare with
+            return it
+        self._epochs.append(_CountedEpoch(it, batches))
+        return self._epochs[-1]
+
+    def fraction(self) -> float | None:
+        """The median share of the loader's epoch the script took, over the epochs it has
+        left (began the next one) or finished; None before the first."""
+        over = [e for e in self._epochs[:-1] if e.taken] + [e for e in self._epochs[-1:] if e.ended]
+        if not over:
+            return None
+        return statistics.median(1.0 if e.ended else min(1.0, e.taken / e.batches) for e in over)
+
+    def scale(self, epoch_samples: int | None) -> int | None:
+        """The samples of an epoch as the script takes it: ``epoch_samples`` (the loader's)
+        times :meth:`fraction`, once known."""
+        taken = self.fraction()
+        if not epoch_samples or taken is None or taken >= 1.0:
+            return epoch_samples
+        return max(1, round(epoch_samples * taken))
+
+
 class TrialController:
     """Applies the trial's settings to the target loader and meters the script's loop over it.
 
@@ -87,6 +141,7 @@ class TrialController:
         self._records: list[LoaderRecord] = []  # in order of creation
         self._chosen_by = "--loader" if self.selector.named else ""
         self.watch = None if self.selector.named else FeedWatch(self._fed, self._epoch_samples)
+        self.epoch_lengths = EpochLengths()  # the target's epochs, as the script takes them
 
     @property
     def loader(self) -> DataLoader[Any] | None:
@@ -116,6 +171,14 @@ class TrialController:
         return out
 
     def on_iter(
+        self, loader: DataLoader[Any], record: LoaderRecord, original: OriginalIter
+    ) -> Iterator[Any]:
+        epoch = self._epoch(loader, record, original)
+        if self.target_key is None or not same_key(record.identity, self.target_key):
+            return epoch
+        return self.epoch_lengths.count(epoch, dl.batches_per_epoch(loader))
+
+    def _epoch(
         self, loader: DataLoader[Any], record: LoaderRecord, original: OriginalIter
     ) -> Iterator[Any]:
         if self.target_key is None and self.watch is not None and self.watch.fed is None:
@@ -258,6 +321,7 @@ class TrialController:
             own=own,  # the script's own: a trial without overrides runs them
             own_batch_size=self._script_batch_size.get(self.target.record.index) or own.batch_size,
             make_sink=lambda: ChannelSink(self.chan),
+            epoch_scale=self.epoch_lengths.scale,
         )
         if not found:
             self.swap = hotswap.HotSwap(loader, self.conductor, fall_back=False, keep_length=True)
@@ -366,6 +430,7 @@ class TrialController:
         elif self.target is not None:
             epoch_samples = dl.epoch_samples(self.target.loader)
             ran = self.target.ran()
+        epoch_samples = self.epoch_lengths.scale(epoch_samples)
         self.chan.send(
             result_message(
                 m,

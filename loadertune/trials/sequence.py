@@ -68,6 +68,8 @@ class ChannelConductor:
             another one is the search's choice, not the script's bug).
         make_sink: a fresh meter sink per trial (events and progress to the search).
         bytes_per_sample: what the trial process knows of a sample's size.
+        epoch_scale: an epoch's samples as the script takes them, from the loader's (a loop
+            that breaks early takes fewer: :class:`~loadertune.trials.controller.EpochLengths`).
     """
 
     def __init__(
@@ -79,6 +81,7 @@ class ChannelConductor:
         own_batch_size: int,
         make_sink: Callable[[], Sink],
         bytes_per_sample: float | None = None,
+        epoch_scale: Callable[[int | None], int | None] = lambda n: n,
     ) -> None:
         self._chan = chan
         self._first: Mapping[str, Any] | None = first
@@ -86,6 +89,7 @@ class ChannelConductor:
         self.own_batch_size = own_batch_size
         self._make_sink = make_sink
         self.bytes_per_sample = bytes_per_sample
+        self._epoch_scale = epoch_scale
         self.step: Step | None = None
 
     def next_step(self) -> Step:
@@ -118,7 +122,7 @@ class ChannelConductor:
                     complete=True,
                     bytes_per_sample=self.bytes_per_sample,
                     transfer=outcome.transfer,
-                    epoch_samples=outcome.epoch_samples,
+                    epoch_samples=self._epoch_scale(outcome.epoch_samples),
                     ran=outcome.ran,
                 )
             )
