@@ -109,6 +109,10 @@ def test_a_window_tells_what_other_processes_kept_busy() -> None:
         spin.kill()
         spin.wait()
     try:
+        with ResourceSampler(os.getpid()) as sampler:  # this process rests: others' load alone
+            sampler.window_started()
+            time.sleep(1.5)
+            quiet = sampler.window_ended()
         with ResourceSampler(os.getpid()) as sampler:  # this process spins: its own CPU
             sampler.window_started()
             t0 = time.monotonic()
@@ -120,7 +124,10 @@ def test_a_window_tells_what_other_processes_kept_busy() -> None:
         root.wait()
     assert busy.cpu_percent_others is not None and busy.cpu_percent_others > 70
     assert own.cpu_percent_main is not None and own.cpu_percent_main > 70
-    assert own.cpu_percent_others is not None and own.cpu_percent_others < 50
+    # Its own spin (a whole CPU, 100) is not others': what others take is as when it rested
+    # (a loaded machine's other processes, such as another test run, count in both).
+    assert own.cpu_percent_others is not None and quiet.cpu_percent_others is not None
+    assert own.cpu_percent_others < quiet.cpu_percent_others + 50
 
 
 def test_cpu_figures_need_a_start_snapshot_that_covers_the_window() -> None:
