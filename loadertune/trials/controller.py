@@ -77,24 +77,34 @@ class _CountedEpoch:
 class EpochLengths:
     """How much of each epoch of the target the script takes. A loop that breaks after N steps
     (or a ``zip`` with a shorter loader) begins the next epoch early: its epochs, and so how
-    often non-persistent workers start again, are that long, not the loader's length."""
+    often non-persistent workers start again, are that long, not the loader's length.
+
+    Only the epoch under way is held (as :class:`~loadertune.trials.metered.Metered` holds it):
+    an abandoned epoch's iterator must go when the script drops it, its workers with it."""
 
     def __init__(self) -> None:
-        self._epochs: list[_CountedEpoch] = []
+        self._shares: list[float] = []  # of the epochs over: the share of the loader's taken
+        self._open: _CountedEpoch | None = None
 
     def count(self, it: Iterator[Any], batches: int | None) -> Iterator[Any]:
+        """``it``, an epoch the script begins, counted (``batches``: the loader's length)."""
+        self.close()
         if not batches:  # the length is unknown: nothing to compare with
             return it
-        self._epochs.append(_CountedEpoch(it, batches))
-        return self._epochs[-1]
+        self._open = _CountedEpoch(it, batches)
+        return self._open
+
+    def close(self) -> None:
+        """The epoch under way is over (the script begins the next): its share is kept."""
+        epoch, self._open = self._open, None
+        if epoch is not None and (epoch.taken or epoch.ended):
+            self._shares.append(1.0 if epoch.ended else min(1.0, epoch.taken / epoch.batches))
 
     def fraction(self) -> float | None:
         """The median share of the loader's epoch the script took, over the epochs it has
         left (began the next one) or finished; None before the first."""
-        over = [e for e in self._epochs[:-1] if e.taken] + [e for e in self._epochs[-1:] if e.ended]
-        if not over:
-            return None
-        return statistics.median(1.0 if e.ended else min(1.0, e.taken / e.batches) for e in over)
+        shares = self._shares + ([1.0] if self._open is not None and self._open.ended else [])
+        return statistics.median(shares) if shares else None
 
     def scale(self, epoch_samples: int | None) -> int | None:
         """The samples of an epoch as the script takes it: ``epoch_samples`` (the loader's)
@@ -173,6 +183,9 @@ class TrialController:
     def on_iter(
         self, loader: DataLoader[Any], record: LoaderRecord, original: OriginalIter
     ) -> Iterator[Any]:
+        target = self.target_key is not None and same_key(record.identity, self.target_key)
+        if target:
+            self.epoch_lengths.close()  # (before the next epoch's workers start)
         epoch = self._epoch(loader, record, original)
         if self.target_key is None or not same_key(record.identity, self.target_key):
             return epoch
