@@ -309,14 +309,15 @@ class _TuneScript:
             )
             from loadertune.trials.hotswap import why_not
 
-            size = loader.batch_size or getattr(loader.batch_sampler, "batch_size", None)
             self.apply.report(
                 ("loadertune: tuning " if why_not(loader) is None else "loadertune: found ")
                 + target_line(
                     index=record.index,
                     call_site=record.call_site,
                     dataset=record.dataset,
-                    batch_size="None" if loader.batch_sampler is None else size,
+                    batch_size=loader.batch_size
+                    or getattr(loader.batch_sampler, "batch_size", None)
+                    or ("None" if loader.batch_sampler is None else None),
                     chosen_by=self._chosen_by,
                     rebuilt=record.origin is not None,
                     key=record.identity,

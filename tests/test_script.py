@@ -490,14 +490,18 @@ def test_a_loader_without_automatic_batching_keeps_its_batches_in_every_trial() 
     assert all(r.extra.get("batch_size_fixed") for r in results[1:])  # labelled bs=sampler
 
 
-@pytest.mark.parametrize(("steps", "epoch_samples"), [(10, 160), (0, 1600)])
+@pytest.mark.parametrize(
+    ("args", "epoch_samples"),
+    [(["10"], 160), (["0"], 1600), (["10", "peek"], 160), (["0", "peek"], 1600)],
+)
 def test_an_epoch_the_loop_ends_early_is_as_long_as_the_loop_makes_it(
-    steps: int, epoch_samples: int
+    args: list[str], epoch_samples: int
 ) -> None:
     """A loop that breaks after 10 of the loader's 100 batches starts the workers again every
     160 samples, not every 1,600: the trial's epoch (which the per-epoch rate charges one
-    start-up to) is what the script takes of it, once it has begun a second epoch."""
-    runner = ScriptRunner(SCRIPTS / "short_epochs.py", [str(steps)], loader="short_epochs.py:11")
+    start-up to) is what the script takes of it, once two epochs are over. A single batch
+    peeked at before the loop (``next(iter(loader))``) is not taken for the loop's epochs."""
+    runner = ScriptRunner(SCRIPTS / "short_epochs.py", args, loader="short_epochs.py:12")
     limits = Limits(timeout_s=60, startup_s=30, hang_s=5)
     try:
         result = runner.run(

@@ -101,10 +101,12 @@ class EpochLengths:
             self._shares.append(1.0 if epoch.ended else min(1.0, epoch.taken / epoch.batches))
 
     def fraction(self) -> float | None:
-        """The median share of the loader's epoch the script took, over the epochs it has
-        left (began the next one) or finished; None before the first."""
+        """The mean share of the loader's epoch the script took per ``iter()`` (so start-ups
+        per sample come out right), over the epochs it has left (began the next one) or
+        finished, the first left out: a script may peek at one batch (``next(iter(loader))``)
+        before its loop. None until two are over."""
         shares = self._shares + ([1.0] if self._open is not None and self._open.ended else [])
-        return statistics.median(shares) if shares else None
+        return statistics.fmean(shares[1:]) if len(shares) >= 2 else None
 
     def scale(self, epoch_samples: int | None) -> int | None:
         """The samples of an epoch as the script takes it: ``epoch_samples`` (the loader's)
@@ -183,12 +185,10 @@ class TrialController:
     def on_iter(
         self, loader: DataLoader[Any], record: LoaderRecord, original: OriginalIter
     ) -> Iterator[Any]:
-        target = self.target_key is not None and same_key(record.identity, self.target_key)
-        if target:
-            self.epoch_lengths.close()  # (before the next epoch's workers start)
-        epoch = self._epoch(loader, record, original)
         if self.target_key is None or not same_key(record.identity, self.target_key):
-            return epoch
+            return self._epoch(loader, record, original)
+        self.epoch_lengths.close()  # (before the next epoch's workers start)
+        epoch = self._epoch(loader, record, original)
         return self.epoch_lengths.count(epoch, dl.batches_per_epoch(loader))
 
     def _epoch(
