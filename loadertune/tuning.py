@@ -101,6 +101,7 @@ class Tuner:
 
     def epoch(self, loader: DataLoader[Any], original: OriginalIter | None = None) -> Iterator[Any]:
         """What iterating ``loader`` returns: the first call starts the tuning."""
+        from loadertune.trials import loader as dl
         from loadertune.trials.hotswap import HotSwap, why_not
 
         if self.swap is None and not self.untuned:
@@ -117,7 +118,9 @@ class Tuner:
                 self._thread.start()
         if self.swap is None:
             return original(loader) if original is not None else iter(loader)
-        return self.swap.epoch()
+        lengths = self.runner.epoch_lengths
+        lengths.close()  # (before the next epoch's workers start)
+        return lengths.count(self.swap.epoch(), dl.batches_per_epoch(loader))
 
     def _search(self) -> None:
         """The search, in its own thread; the winner goes to the loop and to the file."""

@@ -150,6 +150,34 @@ def test_tuned_trains_on_every_sample_once_per_epoch_and_saves_the_winner(tmp_pa
     assert Config.from_kwargs(entry["loader_kwargs"]) == winner
 
 
+def test_tuned_takes_an_epoch_the_loop_ends_early_as_long_as_the_loop_makes_it(
+    tmp_path: Path,
+) -> None:
+    """A loop that breaks after 5 of the loader's 25 batches starts workers again every 80
+    samples, not every 400: the trials' epochs, and the saved entry's, are that long."""
+    out = tmp_path / "rec.json"
+    settings = SearchSettings(window_s=0.2, max_workers=2, storage=f"sqlite:///{tmp_path}/s.db")
+    loader = tuned(
+        DataLoader(Indices(), batch_size=16, shuffle=True),
+        budget_s=4,
+        out=out,
+        settings=settings,
+        report=lambda line: None,
+    )
+    with loader:
+        t0 = time.monotonic()
+        while loader.tuner.runner.winner is None and time.monotonic() - t0 < 60:
+            for i, _ in enumerate(loader):
+                if i + 1 == 5:
+                    break
+    assert loader.tuner.runner.winner is not None
+    assert loader.tuner.runner.epoch_samples == 80
+    (entry,) = store.entries_for(out, hardware.current_key()).values()
+    assert entry["workload"]["epoch_samples"] == 80
+    lengths = [t["epoch_samples"] for t in entry["trials"]]
+    assert lengths[-1] == 80 and set(lengths) <= {80, 400}, lengths
+
+
 def _n_trials_stored(storage: str) -> int:
     import optuna
 

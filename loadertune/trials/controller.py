@@ -13,7 +13,6 @@ kill the group. The process itself (the script run as ``__main__``, the channel)
 from __future__ import annotations
 
 import os
-import statistics
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -26,6 +25,7 @@ from loadertune.trials import _torch_internals as _internals
 from loadertune.trials import hotswap, lifeline, messages
 from loadertune.trials import loader as dl
 from loadertune.trials.channel import Channel
+from loadertune.trials.epochs import EpochLengths
 from loadertune.trials.identity import LoaderRecord, same_key, user_sources
 from loadertune.trials.metered import HeldSink, Metered
 from loadertune.trials.patch import OriginalIter
@@ -50,71 +50,6 @@ class ChannelSink:
         self._chan.send(messages.ProgressMsg(t="progress", i=index, rate=samples_per_s))
         self.stop = self.stop or any(m.get("t") == "stop" for m in self._chan.drain())
         return not self.stop
-
-
-class _CountedEpoch:
-    """An epoch of the target as the script's loop takes it: how many batches, and whether it
-    ran to its end."""
-
-    __slots__ = ("_it", "batches", "ended", "taken")
-
-    def __init__(self, it: Iterator[Any], batches: int) -> None:
-        self._it, self.batches, self.taken, self.ended = it, batches, 0, False
-
-    def __iter__(self) -> _CountedEpoch:
-        return self
-
-    def __next__(self) -> Any:
-        try:
-            batch = next(self._it)
-        except StopIteration:
-            self.ended = True
-            raise
-        self.taken += 1
-        return batch
-
-
-class EpochLengths:
-    """How much of each epoch of the target the script takes. A loop that breaks after N steps
-    (or a ``zip`` with a shorter loader) begins the next epoch early: its epochs, and so how
-    often non-persistent workers start again, are that long, not the loader's length.
-
-    Only the epoch under way is held (as :class:`~loadertune.trials.metered.Metered` holds it):
-    an abandoned epoch's iterator must go when the script drops it, its workers with it."""
-
-    def __init__(self) -> None:
-        self._shares: list[float] = []  # of the epochs over: the share of the loader's taken
-        self._open: _CountedEpoch | None = None
-
-    def count(self, it: Iterator[Any], batches: int | None) -> Iterator[Any]:
-        """``it``, an epoch the script begins, counted (``batches``: the loader's length)."""
-        self.close()
-        if not batches:  # the length is unknown: nothing to compare with
-            return it
-        self._open = _CountedEpoch(it, batches)
-        return self._open
-
-    def close(self) -> None:
-        """The epoch under way is over (the script begins the next): its share is kept."""
-        epoch, self._open = self._open, None
-        if epoch is not None and (epoch.taken or epoch.ended):
-            self._shares.append(1.0 if epoch.ended else min(1.0, epoch.taken / epoch.batches))
-
-    def fraction(self) -> float | None:
-        """The mean share of the loader's epoch the script took per ``iter()`` (so start-ups
-        per sample come out right), over the epochs it has left (began the next one) or
-        finished, the first left out: a script may peek at one batch (``next(iter(loader))``)
-        before its loop. None until two are over."""
-        shares = self._shares + ([1.0] if self._open is not None and self._open.ended else [])
-        return statistics.fmean(shares[1:]) if len(shares) >= 2 else None
-
-    def scale(self, epoch_samples: int | None) -> int | None:
-        """The samples of an epoch as the script takes it: ``epoch_samples`` (the loader's)
-        times :meth:`fraction`, once known."""
-        taken = self.fraction()
-        if not epoch_samples or taken is None or taken >= 1.0:
-            return epoch_samples
-        return max(1, round(epoch_samples * taken))
 
 
 class TrialController:

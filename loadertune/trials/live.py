@@ -37,6 +37,7 @@ from loadertune.measure import failures
 from loadertune.measure.failures import Failure, FailureKind
 from loadertune.trials import _torch_internals as _internals
 from loadertune.trials import loader as dl
+from loadertune.trials.epochs import EpochLengths
 from loadertune.trials.hotswap import HotSwap, Outcome, Step
 from loadertune.trials.patch import length_asked
 from loadertune.trials.runner import (
@@ -198,7 +199,11 @@ class LiveConductor:
         if slot is None:
             return True
         config = outcome.step.config
-        result = TrialResult(config, phase=slot.request.phase, epoch_samples=outcome.epoch_samples)
+        epoch_samples = self.runner.epoch_lengths.scale(outcome.epoch_samples)
+        if epoch_samples and epoch_samples < (self.runner.epoch_samples or 0):
+            self.runner.epoch_samples = epoch_samples  # the loop ends its epochs early
+            self.runner.loader_info["epoch_samples"] = epoch_samples
+        result = TrialResult(config, phase=slot.request.phase, epoch_samples=epoch_samples)
         sup = slot.sup
         assert sup is not None
         if outcome.measurement is not None:
@@ -250,6 +255,7 @@ class LiveRunner(BaseRunner):
     def __init__(self) -> None:
         self.uses_cuda = torch.cuda.is_available()
         self.epoch_samples: int | None = None
+        self.epoch_lengths = EpochLengths()  # the loader's epochs, as the loop takes them
         self.bytes_per_sample: float | None = None
         self.loader_info: dict[str, Any] = {}
         self.own = Config(1)  # the loader's settings when the loop first iterated it

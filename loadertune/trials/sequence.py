@@ -69,7 +69,7 @@ class ChannelConductor:
         make_sink: a fresh meter sink per trial (events and progress to the search).
         bytes_per_sample: what the trial process knows of a sample's size.
         epoch_scale: an epoch's samples as the script takes them, from the loader's (a loop
-            that breaks early takes fewer: :class:`~loadertune.trials.controller.EpochLengths`).
+            that breaks early takes fewer: :class:`~loadertune.trials.epochs.EpochLengths`).
     """
 
     def __init__(
