@@ -149,6 +149,38 @@ def test_cpu_figures_need_a_start_snapshot_that_covers_the_window() -> None:
     assert covered.n_workers == late.n_workers == 2
 
 
+class Spin(torch.utils.data.Dataset):
+    """Each item keeps a CPU busy for 10 ms."""
+
+    def __len__(self) -> int:
+        return 200
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        t0 = time.process_time()
+        while time.process_time() - t0 < 0.01:
+            pass
+        return torch.zeros(8)
+
+
+def test_workers_an_epoch_end_shut_down_are_counted_as_they_ran() -> None:
+    """A whole epoch's window ends with the epoch, and a non-persistent loader has shut its
+    workers down by then: their CPU (the kernel adds an ended child's to its parent) and their
+    memory at the window's start still count. Before, 2 busy workers read 0 workers at 0%."""
+    it = iter(DataLoader(Spin(), batch_size=2, num_workers=2))
+    next(it)  # every worker has started
+    pids = [w.pid for w in it._workers]  # type: ignore[attr-defined]
+    with ResourceSampler(os.getpid()) as sampler:
+        sampler.window_started()
+        time.sleep(0.3)  # the start's snapshot is taken
+        for _ in it:  # to the epoch's end: the workers are joined
+            pass
+        assert len(pids) == 2 and not any(psutil.pid_exists(p) for p in pids)
+        usage = sampler.window_ended()
+    assert usage.n_workers == 2
+    assert usage.cpu_percent_workers is not None and usage.cpu_percent_workers > 30
+    assert usage.worker_pss_bytes is not None and usage.worker_pss_bytes > 0
+
+
 def test_polled_gpu_readings_count_from_a_whole_period_into_the_window(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -205,12 +205,27 @@ def _busy_cpu_seconds() -> float | None:
     return busy
 
 
+def _reaped_cpu_seconds(procs: list[psutil.Process], mains: set[int]) -> float:
+    """The CPU seconds of the main processes' children that have ended and been waited for
+    (their whole lives): the kernel adds them to the parent's ``children_*`` times. A
+    DataLoader's workers are joined when their epoch ends, so they are counted there."""
+    total = 0.0
+    for p in procs:
+        if p.pid in mains:
+            with contextlib.suppress(psutil.Error):
+                t = p.cpu_times()
+                total += t.children_user + t.children_system
+    return total
+
+
 @dataclass
 class _Snapshot:
     wall: float
     cpu: dict[int, float]
     memory: dict[int, tuple[int, int]] | None = None
     busy: float | None = None  # _busy_cpu_seconds()
+    workers: frozenset[int] = frozenset()  # the pids of ``cpu`` that are workers
+    reaped: float = 0.0  # _reaped_cpu_seconds()
 
 
 class ResourceSampler:
@@ -287,24 +302,35 @@ class ResourceSampler:
         mains = self._mains()
         found = _workers(procs, mains)
         memory = _memory_full(_sampled(procs, mains, found))
-        end = _Snapshot(time.monotonic(), _cpu_seconds(procs), memory, _busy_cpu_seconds())
+        end = _Snapshot(
+            time.monotonic(),
+            _cpu_seconds(procs),
+            memory,
+            _busy_cpu_seconds(),
+            frozenset(p.pid for p in found),
+            _reaped_cpu_seconds(procs, mains),
+        )
         start = self._start
         u = self.usage
         workers = [p.pid for p in found if p.pid in end.cpu]
-        u.n_workers = len(workers)
+        # A whole epoch's non-persistent workers are shut down as it ends, before this
+        # snapshot: the workers are then those of the start (2 workers read "+ 0%" before).
+        gone = sorted(start.workers - end.cpu.keys()) if start is not None else []
+        u.n_workers = len(workers) or len(gone)
         if start is not None and end.wall - start.wall > 0.5 * (window_s or 0.0):
             wall = end.wall - start.wall
+            # Processes that ended in the window, their whole lives (the workers of an epoch
+            # that began and ended within it too), less what those alive at the start had used.
+            reaped = max(0.0, end.reaped - start.reaped - sum(start.cpu[p] for p in gone))
 
-            def percent(pids: list[int]) -> float:
-                busy = sum(end.cpu[p] - start.cpu.get(p, end.cpu[p]) for p in pids)
-                return 100.0 * busy / wall
+            def busy(pids: list[int]) -> float:  # a process started in the window: its life
+                return sum(end.cpu[p] - start.cpu.get(p, 0.0) for p in pids)
 
             main = [pid for pid in end.cpu if pid in mains]
-            u.cpu_percent_main = percent(main) if self._root_pid in end.cpu else None
-            u.cpu_percent_workers = percent(workers)
+            u.cpu_percent_main = 100.0 * busy(main) / wall if self._root_pid in end.cpu else None
+            u.cpu_percent_workers = 100.0 * (busy(workers) + reaped) / wall
             if start.busy is not None and end.busy is not None:
-                # the tree's own time, a process started in the window counted from its start
-                ours = sum(end.cpu[p] - start.cpu.get(p, 0.0) for p in end.cpu)
+                ours = busy(list(end.cpu)) + reaped  # the tree's own time
                 u.cpu_percent_others = max(0.0, 100.0 * (end.busy - start.busy - ours) / wall)
             if start.memory is not None and end.memory is not None:
                 common = [p for p in workers if p in start.memory and p in end.memory]
@@ -313,9 +339,11 @@ class ResourceSampler:
                     u.worker_uss_growth_bytes_per_s = growth * len(workers) / wall
         if end.memory:
             worker_pss = [end.memory[p][0] for p in workers if p in end.memory]
+            if not worker_pss and start is not None and start.memory:  # as they ran
+                worker_pss = [start.memory[p][0] for p in gone if p in start.memory]
             u.worker_pss_bytes = int(statistics.fmean(worker_pss)) if worker_pss else None
             main_pss = sum(pss for pid, (pss, _) in end.memory.items() if pid in mains)
-            u.pss_bytes = main_pss + (u.worker_pss_bytes or 0) * len(workers)
+            u.pss_bytes = main_pss + (u.worker_pss_bytes or 0) * u.n_workers
         u.rss_peak_bytes = max(u.rss_peak_bytes, _sum_rss(procs))
         u.gpu_index = self.gpu_index  # found at the window's start, where the trial reports it
         if self.gpu_index is not None:
@@ -366,9 +394,16 @@ class ResourceSampler:
             if self._want_start.is_set():
                 self._want_start.clear()
                 procs = self._tree()
-                memory = _memory_full(_sampled(procs, self._mains()))
+                mains = self._mains()
+                found = _workers(procs, mains)
+                memory = _memory_full(_sampled(procs, mains, found))
                 self._start = _Snapshot(
-                    time.monotonic(), _cpu_seconds(procs), memory, _busy_cpu_seconds()
+                    time.monotonic(),
+                    _cpu_seconds(procs),
+                    memory,
+                    _busy_cpu_seconds(),
+                    frozenset(p.pid for p in found),
+                    _reaped_cpu_seconds(procs, mains),
                 )
             slow = tick % max(1, round(1.0 / self.INTERVAL_S)) == 0
             tick += 1
