@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -51,6 +52,35 @@ def test_structure_count_finds_the_leading_dimension() -> None:
     assert structure_count([torch.zeros(7, 2), torch.zeros(7)]) == 7
     assert structure_count({"x": torch.zeros(4, 2), "y": torch.zeros(4)}) == 4
     assert structure_count(["a", "b", "c"]) == 3  # a list of plain samples counts its length
+
+
+@dataclasses.dataclass
+class _Batch:
+    step: int  # no leading dimension: the next field counts
+    x: torch.Tensor
+    y: torch.Tensor
+
+
+class _Attrs:
+    def __init__(self) -> None:
+        self.names = "abc"
+        self.x = torch.zeros(6, 2)
+
+
+class _Sized:
+    __slots__ = ()
+
+    def __len__(self) -> int:
+        return 9
+
+
+def test_structure_count_reads_a_custom_collates_object() -> None:
+    """A custom collate's dataclass or object counts by its first attribute with a leading
+    dimension, else by its len(); it was counted 1 sample a batch."""
+    assert structure_count(_Batch(3, torch.zeros(5, 2), torch.zeros(5))) == 5
+    assert structure_count(_Attrs()) == 6
+    assert structure_count(_Sized()) == 9
+    assert structure_count(7) == 1 and structure_count(torch.tensor(1.0)) == 1
 
 
 def test_fixed_count_gives_the_short_last_batch() -> None:

@@ -289,6 +289,27 @@ def test_the_next_settings_take_over_the_first_epoch_right_after_the_scripts_own
     assert set(first["lengths"][:at]) == {16}
 
 
+def test_a_replay_counts_the_samples_of_a_batch_that_does_not_show_them() -> None:
+    """The replay hands one batch over again and again: its samples are those the batch
+    sampler put in it (16), not what the collate's object shows (nothing: it was counted 1, and
+    the step's rate read 16 times too low)."""
+    runner = ScriptRunner(SCRIPTS / "object_batches.py", [])
+    limits = Limits(timeout_s=60, startup_s=30, hang_s=5)
+    try:
+        results = [
+            runner.run(c, window=window_for(c or Config(16), window_s=0.3), limits=limits, phase=p)
+            for c, p in [(None, "baseline"), (Config(16), "replay"), (Config(32), "search")]
+        ]
+    finally:
+        runner.close()
+    assert all(r.ok for r in results), [r.failure for r in results]
+    for result, size in zip(results, (16, 16, 32), strict=True):
+        m = result.measurement
+        assert m is not None, result.phase
+        # (a setting swapped in mid-epoch may end the epoch on a short batch)
+        assert size * (m.n_batches - 1) < m.n_samples <= size * m.n_batches, (result.phase, m)
+
+
 def test_a_script_that_sized_a_schedule_by_its_loader_never_gets_more_batches_per_epoch(
     tmp_path: Path,
 ) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -9,7 +11,9 @@ from typing import Any
 def structure_count(batch: Any) -> int:
     """Samples in a batch of unknown size: the leading dimension of its first tensor-like leaf.
 
-    A list of plain objects (strings, dicts of scalars) counts its length.
+    A list of plain objects (strings, dicts of scalars) counts its length. A custom collate's
+    object (a dataclass, a class with attributes) counts by its first attribute with a leading
+    dimension; one with none, by its ``len()``, else 1.
     """
     shape = getattr(batch, "shape", None)
     if shape is not None and len(shape) > 0:
@@ -22,7 +26,24 @@ def structure_count(batch: Any) -> int:
         ):
             return structure_count(batch[0])
         return len(batch)
+    fields = _attributes(batch)
+    for value in fields:
+        value_shape = getattr(value, "shape", None)
+        if value_shape is not None and len(value_shape) > 0:
+            return int(value_shape[0])
+    with contextlib.suppress(TypeError):
+        return len(batch)
     return 1
+
+
+def _attributes(batch: Any) -> list[Any]:
+    """A custom batch object's attribute values, in their order (a dataclass's fields)."""
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        return [getattr(batch, f.name, None) for f in dataclasses.fields(batch)]
+    try:
+        return list(vars(batch).values())
+    except TypeError:  # no __dict__ (a number, a string)
+        return []
 
 
 class FixedCount:

@@ -64,7 +64,6 @@ from typing import Any, Protocol
 from torch.utils.data import DataLoader, IterableDataset
 
 from loadertune.config import Config
-from loadertune.measure.counting import structure_counter
 from loadertune.measure.meter import Measurement, Meter, Sink, WindowSpec
 from loadertune.trials import _torch_internals as _internals
 from loadertune.trials import loader as dl
@@ -150,7 +149,7 @@ class _Run:
         if step.window is not None:
             self.meter = Meter(
                 step.window,
-                count=segment.count if replayed is None else structure_counter,
+                count=segment.count,  # (the replayed batch's samples, during a replay)
                 sink=step.sink,
                 sync=dl.cuda_sync,
                 measure_cpu=step.config.num_workers == 0 and step.phase != "replay",

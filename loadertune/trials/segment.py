@@ -231,12 +231,16 @@ class Segment:
 
     def first_batch_unreceived(self) -> Any:
         """One batch from the script's position, which stays where it is (the replay's batch:
-        the next setting hands the same samples to the script)."""
+        the next setting hands the same samples to the script). :meth:`count` then says its
+        samples, as the batch sampler made it: a custom collate's batch (a dataclass) may not
+        show them."""
         self.sampler.restart(self.order)  # type: ignore[arg-type]
         with dl.quiet_worker_warning():
             it = iter(self.loader)
         try:
-            return next(it)
+            batch = next(it)
+            self.samples = self.sampler.emitted[0][1]  # the first batch made
+            return batch
         finally:
             _internals.shut_down(it)
 
