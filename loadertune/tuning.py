@@ -116,11 +116,34 @@ class Tuner:
                     target=self._search, name="loadertune-tuner", daemon=True
                 )
                 self._thread.start()
+        if self.swap is not None and loader is not self.swap.loader:
+            self._follow(loader)  # the script created its loader again
         if self.swap is None:
             return original(loader) if original is not None else iter(loader)
         lengths = self.runner.epoch_lengths
         lengths.close()  # (before the next epoch's workers start)
         return lengths.count(self.swap.epoch(), dl.batches_per_epoch(loader))
+
+    def _follow(self, loader: DataLoader[Any]) -> None:
+        """Tune ``loader``, the script's loader created again, from where the last one was; or,
+        when it cannot be (another batch size: a schedule of batch sizes is the script's own),
+        leave it and every later one as the script builds them, the search stopped there."""
+        from loadertune.trials import loader as dl
+        from loadertune.trials.hotswap import why_not
+
+        assert self.swap is not None
+        why = why_not(loader)
+        size, own = dl.settings_of(loader).batch_size, self.runner.own.batch_size
+        if why is None and size != own:
+            why = f"it was created again with batch size {size}, where the tuning began at {own}"
+        if why is None:
+            self.swap.follow(loader)
+            return
+        self.report(f"loadertune: not tuning this DataLoader from here on: {why}")
+        self.untuned = True
+        self.runner.end()  # the search stops as at the run's end (the best so far is kept)
+        self.swap.close()
+        self.swap = None
 
     def _search(self) -> None:
         """The search, in its own thread; the winner goes to the loop and to the file."""
@@ -166,13 +189,15 @@ class Tuner:
         return {k: info.get(k) for k in keys}
 
     def _save_partial(self, exc: SearchInterrupted) -> None:
+        # (untuned: the loop's loader could no longer be tuned, said when it happened)
+        ended = "the tuning stopped early" if self.untuned else "the run ended before the tuning"
         try:
             self.saved_to = saved.save_partial(self.out, exc, run_ended=True)
         except LoadertuneError as err:
-            self.report(f"loadertune: the run ended before the tuning; {err}")
+            self.report(f"loadertune: {ended}; {err}")
             return
         kept = f"; the best so far saved to {self.saved_to}, marked partial"
-        self.report(f"loadertune: the run ended before the tuning{kept if self.saved_to else ''}")
+        self.report(f"loadertune: {ended}{kept if self.saved_to else ''}")
 
     def finish(self, timeout_s: float = 60.0) -> None:
         """The run is over (main thread): stop the search if it still runs (the best so far is
@@ -326,7 +351,10 @@ class _TuneScript:
                     key=record.identity,
                 )
             )
-        if record != self.target:
+        from loadertune.trials.identity import same_key
+
+        # (a loader the script creates again, every epoch, has the key of the one first tuned)
+        if self.target is None or not same_key(record.identity, self.target.identity):
             from loadertune.measure.meter import elsewhere
 
             # a validation's pass is left out of the running setting's window

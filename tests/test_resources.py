@@ -181,6 +181,27 @@ def test_workers_an_epoch_end_shut_down_are_counted_as_they_ran() -> None:
     assert usage.worker_pss_bytes is not None and usage.worker_pss_bytes > 0
 
 
+def test_a_worker_gone_before_its_cpu_was_read_is_left_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker found in the tree may end before its CPU time is read (the start snapshot
+    then holds no figure for it): the window's end leaves it out rather than raising."""
+    it = started(2)
+    real = resources._cpu_seconds
+    missed = max(w.pid for w in it._workers)  # type: ignore[attr-defined]
+
+    def misses_one(procs: list[psutil.Process]) -> dict[int, float]:
+        return {pid: s for pid, s in real(procs).items() if pid != missed}
+
+    monkeypatch.setattr(resources, "_cpu_seconds", misses_one)
+    with ResourceSampler(os.getpid()) as sampler:
+        sampler.window_started()
+        time.sleep(0.5)
+        usage = sampler.window_ended()  # (raised KeyError)
+    del it
+    assert usage.n_workers == 1 and usage.cpu_percent_workers is not None
+
+
 def test_polled_gpu_readings_count_from_a_whole_period_into_the_window(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

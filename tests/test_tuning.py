@@ -274,6 +274,39 @@ def test_run_tune_completes_every_epoch_and_the_next_run_uses_the_winner(tmp_pat
     assert again.returncode == 0 and "DataLoader #1 at" in again.stderr, again.stderr[-2000:]
 
 
+def test_run_tune_follows_a_loader_the_script_creates_again_every_epoch(tmp_path: Path) -> None:
+    """A new DataLoader every epoch (made by a function) is the same loader: the tuning goes
+    on over each new one and finishes. Before, every loader after the first was taken for
+    another loader and ran untuned, the search waited for trials that never came, and the end
+    said "the run ended before the tuning"."""
+    counts, rec = tmp_path / "counts.jsonl", tmp_path / "rec.json"
+    script = [str(SCRIPTS / "rebuilt_each_epoch.py"), "--", str(counts), "60"]
+    proc = _loadertune("run", "--tune", "--budget", "4", "--file", str(rec), *script)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "tuned in" in proc.stderr and "ended before" not in proc.stderr, proc.stderr
+    epochs = [json.loads(line) for line in counts.read_text().splitlines()]
+    assert len(epochs) == 60
+    assert all(sorted(e["samples"]) == list(range(600)) for e in epochs)
+    assert len({e["workers"] for e in epochs[1:]}) > 1, "the loaders after the first were not tuned"
+    (entry,) = store.entries_for(rec, hardware.current_key()).values()
+    winner = Config.from_kwargs(entry["loader_kwargs"])
+    assert epochs[-1]["workers"] == winner.num_workers
+
+
+def test_run_tune_leaves_a_loader_created_again_at_another_batch_size(tmp_path: Path) -> None:
+    """A loader created again at another batch size (a schedule of batch sizes) is the
+    script's own choice: the tuning stops there, and that loader runs as the script built it."""
+    counts, rec = tmp_path / "counts.jsonl", tmp_path / "rec.json"
+    script = [str(SCRIPTS / "rebuilt_each_epoch.py"), "--", str(counts), "8", "grow"]
+    proc = _loadertune("run", "--tune", "--budget", "60", "--file", str(rec), *script)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "created again with batch size 32, where the tuning began at 16" in proc.stderr
+    assert "ended before" not in proc.stderr, proc.stderr  # the run did not end
+    epochs = [json.loads(line) for line in counts.read_text().splitlines()]
+    assert all(sorted(e["samples"]) == list(range(600)) for e in epochs)
+    assert all(set(e["lengths"][:-1]) == {32} and e["workers"] == 0 for e in epochs[3:]), epochs
+
+
 @pytest.mark.parametrize("when", ["before", "lazy"])
 def test_run_tune_keeps_the_batch_size_once_the_script_asked_the_loader_length(
     tmp_path: Path, when: str

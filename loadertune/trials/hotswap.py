@@ -217,6 +217,27 @@ class HotSwap:
         source = self.loader.sampler if self.regroup else self.loader.batch_sampler
         return self._enter(EpochOrder(source, limit=self._limit()))  # type: ignore[arg-type]
 
+    def follow(self, loader: DataLoader[Any]) -> None:
+        """The script created its loader again (a new one every epoch, with this epoch's
+        order): the next epochs come from ``loader``'s sampler. The setting in use starts again
+        over it, new workers and all: its dataset, collate and worker set-up may differ from
+        the last loader's, whose workers must not serve the new one's samples (a loader
+        created every epoch starts its workers every epoch anyway)."""
+        if loader is self.loader:
+            return
+        self.loader = loader
+        run = self.current
+        if run is None:
+            return
+        if run.draining:  # its batches in flight were of the last loader's epoch
+            self._close(run)
+            return
+        run.segment.close()
+        run.segment = Segment(
+            loader, run.step.config, regroup=self.regroup, timeout_s=run.step.worker_timeout_s
+        )
+        self._show(run.step.config)
+
     def rest_of_epoch(self, batches: Iterator[Any], given: int) -> Iterator[Any]:
         """The rest of an epoch the script's own loader began and gave ``given`` batches of:
         ``batches``, those its batch sampler has not given yet
