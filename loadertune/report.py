@@ -365,7 +365,8 @@ def summary_lines(rec: Recommendation | Mapping[str, Any]) -> list[str]:
         elif _batch_size(entry.get("loader_kwargs")) != _batch_size(_baseline_kwargs(entry)):
             # not for free: a batch size of its own asks the learning rate to change with it
             verdict = (
-                "within the noise of your settings: keep them (the winner's batch size differs)"
+                "within the noise of your settings, at another batch size: keeping yours "
+                "loses nothing (the winner is saved)"
             )
         else:
             verdict = (

@@ -1372,3 +1372,24 @@ def test_more_workers_are_timed_at_the_pace_measured_up_to_their_prediction(tmp_
     assert search._past_the_budget(many, est) is None
     search.ledger.values = {Config(128, 16, 2): 100.0}  # 6 a worker: 200 for 32
     assert "budget" in (search._past_the_budget(many, est) or "")
+
+
+def test_without_rounds_a_figure_within_2_percent_does_not_replace_the_users(hw) -> None:
+    """With no confirmation (a resumed search, a spent budget) the pick is the exploration's
+    best figure, and within 2% of it the simplest setting, as the rounds' winner is chosen:
+    727 samples/s against the user's 725 was no reason to change their settings."""
+    own = Config(32, 2, 2, persistent_workers=True)
+    search = Search(
+        FakeRunner(lambda config: 1.0),
+        hardware=hw,
+        baseline=own,
+        batch_sizes=[32],
+        settings=SearchSettings(),
+    )
+    search.ledger.values.update({own: 725.0, Config(32): 727.0, Config(32, 4, 2): 700.0})
+    assert search._best_not_failed(None) == own
+    search.ledger.values[Config(32)] = 760.0  # clearly ahead: it wins
+    assert search._best_not_failed(None) == Config(32)
+    del search.ledger.values[own]  # within 2% of the best, fewer workers first
+    search.ledger.values[Config(32, 4, 2)] = 770.0
+    assert search._best_not_failed(None) == Config(32)

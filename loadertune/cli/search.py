@@ -76,7 +76,8 @@ def _interrupts_stop() -> Iterator[None]:
     help="Highest num_workers to try (default: from CPUs and memory).",
 )
 @loader_option(
-    "Which DataLoader: N (order of creation) or FILE:LINE (default: the first iterated)."
+    "Which DataLoader: N (order of creation) or FILE:LINE (default: the one whose batches "
+    "feed the optimizer)."
 )
 @click.option(
     "--storage", default=None, help="Optuna storage URL (default: SQLite in the user cache)."

@@ -83,12 +83,7 @@ class Confirmation:
         return bool(results) and all(r.failure is not None for r in results)
 
     def _complexity(self, config: Config) -> tuple[int, int, int, float]:
-        return (
-            config != self.baseline,
-            config.num_workers,
-            config.batch_size != self.baseline.batch_size,
-            -(self.median(config) or 0.0),
-        )
+        return complexity(config, self.baseline, self.median(config) or 0.0)
 
     def sub_window_rates(self, config: Config) -> list[float]:
         """The sub-window rates of every measurement of ``config`` in this run: the rounds', and
@@ -130,6 +125,26 @@ class Confirmation:
             return None
         best = self.median(win)
         return best / base if best else None
+
+
+def complexity(config: Config, baseline: Config, value: float) -> tuple[int, int, int, float]:
+    """How far ``config`` is from the user's own settings, to rank settings a noisy figure
+    cannot tell apart: the baseline first, then fewer workers, then the baseline's batch size,
+    then the higher ``value``."""
+    return (
+        config != baseline,
+        config.num_workers,
+        config.batch_size != baseline.batch_size,
+        -value,
+    )
+
+
+def simplest_close(values: Mapping[Config, float], baseline: Config) -> Config:
+    """Of ``values`` (not empty), the simplest setting within :data:`SIMPLER_WITHIN` of the
+    best figure (see :func:`complexity`)."""
+    best = max(values.values())
+    close = [c for c in values if values[c] >= (1 - SIMPLER_WITHIN) * best]
+    return min(close, key=lambda c: complexity(c, baseline, values[c]))
 
 
 def rates_clearly_better(ours: Sequence[float], theirs: Sequence[float]) -> bool:

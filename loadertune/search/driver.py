@@ -27,7 +27,7 @@ from loadertune.measure.resources import tree_pss
 from loadertune.measure.window import WindowSpec
 from loadertune.search import plan
 from loadertune.search.agenda import Agenda
-from loadertune.search.confirm import Confirmation, confirm
+from loadertune.search.confirm import Confirmation, confirm, simplest_close
 from loadertune.search.ledger import Ledger
 from loadertune.search.limits import limits_for, overhead_s, short_epoch_s, typical_wall
 from loadertune.search.opening import Opening
@@ -542,7 +542,8 @@ class Search:
     def _best_not_failed(self, confirmation: Confirmation | None) -> Config | None:
         """Without a winner from the rounds: the best exploration figure of a setting that did
         not fail every round it ran there (one that did is no pick, whatever it measured
-        before); None when no such setting has a figure."""
+        before), or within 2% of it the simplest (as the rounds' winner is chosen: 727 against
+        the user's 725 was no reason to change); None when no such setting has a figure."""
         failed = (
             {c for c in confirmation.results if confirmation.failed_here(c)}
             if confirmation
@@ -553,7 +554,7 @@ class Search:
             for c, v in self.ledger.values.items()
             if c not in failed and self._batch_allowed(c)
         }
-        return max(values, key=lambda c: values[c]) if values else None
+        return simplest_close(values, self.baseline) if values else None
 
     def _seed_and_explore(
         self, log: StudyLog, space: SearchSpace, est: Estimates | None
