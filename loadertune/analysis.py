@@ -82,6 +82,7 @@ def ceilings(est: Estimates | None) -> dict[str, Any]:
         "in_process_samples_per_s": est.in_process_samples_per_s,
         "achievable_samples_per_s": est.achievable,
         "limiting_stage": est.limiting_stage,
+        "step_floored": est.step_floored,
         "io_bound_loading": est.io_bound,
         "workers_needed": est.workers_needed(),
     }

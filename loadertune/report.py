@@ -386,10 +386,11 @@ def summary_lines(rec: Recommendation | Mapping[str, Any]) -> list[str]:
     ceiling = diag.get("ceiling_samples_per_s")
     if ceiling:
         stage = str((diag.get("ceilings") or {}).get("limiting_stage") or "")
-        line = (
-            f"estimated ceiling {ceiling:,.0f} samples/s (limited by "
-            f"{_STAGE_NAMES.get(stage, stage or 'an unknown stage')})"
-        )
+        name = _STAGE_NAMES.get(stage, stage or "an unknown stage")
+        if stage == "consumer" and (diag.get("ceilings") or {}).get("step_floored"):
+            # the replay ran slower than a loop that also loaded: the step's own rate is unknown
+            name += ", at least as fast as a loop measured, which is all the probe could tell"
+        line = f"estimated ceiling {ceiling:,.0f} samples/s (limited by {name})"
         percent = diag.get("percent_of_ceiling")
         if percent is not None and percent > CEILING_EXCEEDED:
             # The estimate is built from the probe's per-sample figures at one batch size and

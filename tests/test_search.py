@@ -1393,3 +1393,16 @@ def test_without_rounds_a_figure_within_2_percent_does_not_replace_the_users(hw)
     del search.ledger.values[own]  # within 2% of the best, fewer workers first
     search.ledger.values[Config(32, 4, 2)] = 770.0
     assert search._best_not_failed(None) == Config(32)
+
+
+def test_a_step_ceiling_that_is_only_a_loops_rate_does_not_stop_the_search(tmp_path, hw) -> None:
+    """The replay read the step slower than a loop that also loaded (another process took the
+    CPUs), so the step's ceiling is that loop's rate: the search's best reaches it trivially,
+    and it must not stop there "at the ceiling no worker count can lift"."""
+    search = _search_with_best(tmp_path, hw, Config(32, 2, 2), 1000.0, left_s=50)
+    search.ledger.best_value, search.ledger.n_explored = 1000.0, 3
+    ceiling = {"consumer_ceiling": 1000.0, "cpu_ceiling": 5000.0, "loader_ceiling": 1e5}
+    bound = _estimates(**ceiling)
+    assert search._stop_reason(1000, 1, bound, 0.0) == "at_ceiling"
+    floored = dataclasses.replace(bound, step_floored=True)
+    assert search._stop_reason(1000, 1, floored, 0.0) is None

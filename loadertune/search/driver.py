@@ -275,6 +275,7 @@ class Search:
             and n_batch_sizes == 1
             # one noisy replay must not end a search that has tried no worker setting yet
             and self.ledger.n_explored >= plan.MIN_EXPLORED
+            and est.hard_ceiling_known
             and self._at_ceiling(max(est.hard_ceiling, est.in_process_samples_per_s))
         ):
             return "at_ceiling"

@@ -53,6 +53,9 @@ class Estimates:
             replays at different batch sizes; 0: unknown (one replay), the step's cost per
             sample is then taken to be the same at every batch size.
         step_batch_size: the batch size the step's figures above are for (0: unknown).
+        step_floored: the replay measured the step slower than a loop that also loaded (noise:
+            another process took the CPUs), so ``consumer_ceiling`` is that loop's rate, a
+            floor under the step's, not a bound on anything.
     """
 
     load_s_per_sample: float
@@ -69,6 +72,7 @@ class Estimates:
     in_process_samples_per_s: float = 0.0
     step_per_batch_s: float = 0.0
     step_batch_size: int = 0
+    step_floored: bool = False
 
     def at(self, batch_size: int) -> Estimates:
         """These estimates at ``batch_size``: the step's cost per sample is
@@ -117,6 +121,14 @@ class Estimates:
         ceilings = self._ceilings()
         lowest = min(ceilings, key=lambda k: ceilings[k])
         return "main_process" if self.in_process_samples_per_s > ceilings[lowest] else lowest
+
+    @property
+    def hard_ceiling_known(self) -> bool:
+        """:attr:`hard_ceiling` bounds the rate: it is not the step's figure where that is
+        only a loop's measured rate (:attr:`step_floored`), which a search reaches trivially
+        (a search stopped "at the ceiling" on the user's own rate, and said it was no bound)."""
+        hard = {k: v for k, v in self._ceilings().items() if k != "loader"}
+        return not (self.step_floored and min(hard, key=lambda k: hard[k]) == "consumer")
 
     @property
     def hard_ceiling(self) -> float:
@@ -202,7 +214,8 @@ def estimate(
     load = _per_sample(w0, w0.measurement.blocked_fraction)
     cpu_fraction = w0.measurement.blocked_cpu_fraction
     cpu_fraction = 1.0 if cpu_fraction is None else min(1.0, cpu_fraction)
-    consumer = max(replay.measurement.samples_per_s, _loop_floor(replay, w0, w1))
+    floor = _loop_floor(replay, w0, w1)
+    consumer = max(replay.measurement.samples_per_s, floor)
     step = 1.0 / consumer if consumer > 0 else 0.0
     main_cpu = (replay.resources.cpu_percent_main if replay.resources else None) or 100.0
     step_cpu = min(step * usable_cpus, step * main_cpu / 100.0)
@@ -238,6 +251,7 @@ def estimate(
         in_process_samples_per_s=w0.samples_per_s or 0.0,
         step_per_batch_s=step_fixed_cost(replay, replay2),
         step_batch_size=replay.config.batch_size,
+        step_floored=floor > replay.measurement.samples_per_s,
     )
 
 
