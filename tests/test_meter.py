@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 
 import pytest
@@ -134,6 +135,46 @@ def test_cpu_share_of_loading() -> None:
     m = run_loop(meter, slow_batches(10_000, 0.004))
     assert m.blocked_cpu_fraction is not None
     assert m.blocked_cpu_fraction < 0.5
+
+
+def _spin(seconds: float) -> None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        pass
+
+
+def computed_batches(n: int, cpu_s: float, batch: int = 8):
+    for _ in range(n):
+        _spin(cpu_s)
+        yield torch.zeros(batch, 3)
+
+
+def test_loading_that_computes_reads_busy_while_other_processes_hold_the_cpus() -> None:
+    """With more busy processes than CPUs, loading that computes gets part of a CPU: its CPU
+    time alone reads like loading that waits on I/O (half of it on a 2-CPU machine), its
+    run-queue wait makes up the rest. A loader that sleeps stays low either way."""
+    import multiprocessing
+
+    hogs = [
+        multiprocessing.get_context("fork").Process(target=_spin, args=(6.0,), daemon=True)
+        for _ in range(len(os.sched_getaffinity(0)) + 1)
+    ]
+    for hog in hogs:
+        hog.start()
+    try:
+        time.sleep(0.2)
+        busy = Meter(WindowSpec(warmup_batches=1, window_s=1.0), measure_cpu=True)
+        computing = run_loop(busy, computed_batches(10_000, 0.004))
+        idle = Meter(WindowSpec(warmup_batches=1, window_s=0.5), measure_cpu=True)
+        sleeping = run_loop(idle, slow_batches(10_000, 0.004))
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.join()
+    assert computing.blocked_wait_fraction is not None, "no schedstat on this machine"
+    assert computing.blocked_busy_fraction is not None
+    assert computing.blocked_busy_fraction >= 0.8, computing
+    assert sleeping.blocked_busy_fraction is not None and sleeping.blocked_busy_fraction < 0.5
 
 
 def test_gaps_between_epochs_are_excluded() -> None:

@@ -87,6 +87,21 @@ def test_cpu_bound_loader_is_not_io_bound() -> None:
     assert _cpu_bound().io_bound is False
 
 
+def test_loading_that_waited_for_a_cpu_is_not_io_bound() -> None:
+    """Loading that computes on a machine whose CPUs other processes hold ran 45% of its time
+    and waited for a CPU 50%: it does not wait on I/O (the search took it for that and tried
+    8 workers on 2 CPUs)."""
+    w0 = _result(Config(64), samples_per_s=800.0, blocked=0.8, blocked_cpu=0.45)
+    assert w0.measurement is not None
+    w0.measurement.blocked_wait_fraction = 0.5
+    replay = _result(Config(64), samples_per_s=5000.0, blocked=0.0, phase="replay")
+    est = estimate(w0=w0, w1=None, replay=replay, usable_cpus=2, max_workers=3)
+    assert est.load_cpu_fraction == pytest.approx(0.45)  # its CPU cost per sample: the CPU's
+    assert est.io_bound is False
+    w0.measurement.blocked_wait_fraction = 0.0  # the CPUs were free: it waited on I/O
+    assert estimate(w0=w0, w1=None, replay=replay, usable_cpus=2, max_workers=3).io_bound
+
+
 def test_unmeasured_cpu_fraction_counts_as_cpu_bound() -> None:
     w0 = _result(Config(64), samples_per_s=1000.0, blocked=0.9, blocked_cpu=None)
     replay = _result(Config(64), samples_per_s=10000.0, blocked=0.0, phase="replay")

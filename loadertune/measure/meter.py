@@ -18,6 +18,8 @@ raises ``StopIteration`` (or calls ``on_done``, which may end the process).
 from __future__ import annotations
 
 import math
+import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -37,6 +39,31 @@ SETTLED_WAIT_S = 0.010
 ROUNDS_MATTER = 0.05
 _now = time.perf_counter
 WALL_WINDOWS = 4.0  # a window ends once it has lasted this many window_s of wall time
+
+
+_NO_TIMES: tuple[float, float | None] = (0.0, None)
+_schedstat = threading.local()  # each thread's /proc schedstat file, opened once
+
+
+def thread_times() -> tuple[float, float | None]:
+    """The calling thread's CPU seconds and run-queue wait (seconds it was ready to run while
+    the CPUs ran other work), from ``/proc``'s schedstat; the wait is None where that cannot be
+    read (then the CPU time is ``time.thread_time()``)."""
+    tid = threading.get_native_id()
+    if getattr(_schedstat, "tid", None) != tid:
+        _schedstat.tid = tid
+        try:
+            _schedstat.fd = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
+        except OSError:
+            _schedstat.fd = None
+    fd = _schedstat.fd
+    if fd is not None:
+        try:
+            ran, waited = os.pread(fd, 64, 0).split()[:2]
+            return int(ran) / 1e9, int(waited) / 1e9
+        except (OSError, ValueError):
+            pass
+    return time.thread_time(), None
 
 
 class Meter:
@@ -94,8 +121,10 @@ class Meter:
         "_w_batches",
         "_w_blocked",
         "_w_blocked_cpu",
+        "_w_blocked_wait",
         "_w_samples",
         "_w_start",
+        "_w_wait_known",
         "_warmup_left",
         "_warmup_start",
         "failed_in_next",
@@ -151,6 +180,8 @@ class Meter:
         self._w_start = 0.0
         self._w_blocked = 0.0
         self._w_blocked_cpu = 0.0
+        self._w_blocked_wait = 0.0  # run-queue wait inside next()
+        self._w_wait_known = True
         self._w_samples = 0
         self._w_batches = 0
         self._sub_start = 0.0
@@ -244,7 +275,7 @@ class Meter:
             self._sink.event("beat")
         if self._it is None:
             raise RuntimeError("Meter.wrap(iterator) must be called before iterating")
-        c0 = time.thread_time() if self._measure_cpu else 0.0
+        c0 = thread_times() if self._measure_cpu else _NO_TIMES
         try:
             batch = next(self._it)
         except StopIteration:
@@ -272,7 +303,12 @@ class Meter:
         if phase == _WINDOW:
             self._w_blocked += waited
             if self._measure_cpu:
-                self._w_blocked_cpu += time.thread_time() - c0
+                c1 = thread_times()
+                self._w_blocked_cpu += c1[0] - c0[0]
+                if c0[1] is None or c1[1] is None:
+                    self._w_wait_known = False
+                else:
+                    self._w_blocked_wait += c1[1] - c0[1]
             self._window_holds(batch, index)
             if index == self._last_index:  # the epoch ends with the step on this batch
                 end = t1
@@ -411,6 +447,11 @@ class Meter:
             rest_s=list(self._rests),
             blocked_cpu_fraction=(
                 self._w_blocked_cpu / blocked if self._measure_cpu and blocked > 0 else None
+            ),
+            blocked_wait_fraction=(
+                self._w_blocked_wait / blocked
+                if self._measure_cpu and self._w_wait_known and blocked > 0
+                else None
             ),
             step_s_per_batch=(window - blocked) / self._w_batches if self._w_batches else 0.0,
             whole_epoch=whole_epoch,

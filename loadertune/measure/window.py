@@ -104,8 +104,20 @@ class Measurement:
     # the loop's time between an epoch's end and the next iter() (validation, logging), each seen
     rest_s: list[float] = field(default_factory=list)
     blocked_cpu_fraction: float | None = None  # CPU time / wall time inside next(), if measured
+    # run-queue wait / wall time inside next(): ready to run while the CPUs ran other work
+    blocked_wait_fraction: float | None = None
     step_s_per_batch: float = 0.0  # mean time between next() calls: the loop body
     whole_epoch: bool = False  # the window was an epoch, from its start to its end
+
+    @property
+    def blocked_busy_fraction(self) -> float | None:
+        """The share of the time inside ``next()`` that loading ran or waited for a CPU (None:
+        not measured). Low: it waited on I/O. The CPU time alone reads low too when other
+        processes hold the CPUs (half a CPU on a busy 2-CPU machine made computing loading
+        look like loading that waits, and the search tried 8 workers on 2 CPUs)."""
+        if self.blocked_cpu_fraction is None:
+            return None
+        return min(1.0, self.blocked_cpu_fraction + (self.blocked_wait_fraction or 0.0))
 
     @property
     def spread(self) -> float:

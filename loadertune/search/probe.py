@@ -53,6 +53,9 @@ class Estimates:
             replays at different batch sizes; 0: unknown (one replay), the step's cost per
             sample is then taken to be the same at every batch size.
         step_batch_size: the batch size the step's figures above are for (0: unknown).
+        load_wait_fraction: the share of that loading's wall time it was ready to run while
+            the CPUs ran other work (other processes): with the CPU share, what tells loading
+            that computes from loading that waits on I/O.
         step_floored: the replay measured the step slower than a loop that also loaded (noise:
             another process took the CPUs), so ``consumer_ceiling`` is that loop's rate, a
             floor under the step's, not a bound on anything.
@@ -73,6 +76,7 @@ class Estimates:
     step_per_batch_s: float = 0.0
     step_batch_size: int = 0
     step_floored: bool = False
+    load_wait_fraction: float = 0.0
 
     def at(self, batch_size: int) -> Estimates:
         """These estimates at ``batch_size``: the step's cost per sample is
@@ -95,7 +99,8 @@ class Estimates:
 
     @property
     def io_bound(self) -> bool:
-        return self.load_cpu_fraction < IO_BOUND_CPU_FRACTION
+        """Loading waits on I/O: it neither ran nor waited for a CPU most of its time."""
+        return self.load_cpu_fraction + self.load_wait_fraction < IO_BOUND_CPU_FRACTION
 
     def _ceilings(self) -> dict[str, float]:
         named = {
@@ -252,6 +257,7 @@ def estimate(
         step_per_batch_s=step_fixed_cost(replay, replay2),
         step_batch_size=replay.config.batch_size,
         step_floored=floor > replay.measurement.samples_per_s,
+        load_wait_fraction=w0.measurement.blocked_wait_fraction or 0.0,
     )
 
 
@@ -424,7 +430,8 @@ def space_for(
     ``/dev/shm`` the settings allow. With several ranks (``settings.ranks``), each rank's loader
     gets its share of the CPUs, the RAM budget and ``/dev/shm``."""
     m0 = w0.measurement
-    io_bound = m0 is not None and (m0.blocked_cpu_fraction or 1.0) < IO_BOUND_CPU_FRACTION
+    busy = m0.blocked_busy_fraction if m0 is not None else None
+    io_bound = (busy if busy is not None else 1.0) < IO_BOUND_CPU_FRACTION
     ranks = settings.ranks
     cpus = max(1, hw.usable_cpus // ranks)
     # A worker's memory as seen: torch's batches in flight sit in /dev/shm, not in it (with
