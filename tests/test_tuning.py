@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from loadertune.search import SearchSettings
 from loadertune.trials import Limits, TrialResult, window_for
 from loadertune.trials.hotswap import HotSwap
 from loadertune.trials.live import LiveConductor, LiveRunner
+from loadertune.tuning import TunedLoader
 
 SCRIPTS = Path(__file__).parent / "scripts"
 pytestmark = pytest.mark.slow
@@ -118,17 +120,25 @@ def test_a_length_asked_after_the_search_turns_the_run_back_to_its_own_batch_siz
     assert all(whole(e) for e in epochs)
 
 
-def test_tuned_trains_on_every_sample_once_per_epoch_and_saves_the_winner(tmp_path: Path) -> None:
-    out = tmp_path / "rec.json"
-    lines: list[str] = []
+def _tuned_indices(
+    tmp_path: Path, out: Path, report: Callable[[str], object]
+) -> tuple[SearchSettings, TunedLoader]:
+    """A loader of 400 indices in batches of 16, tuned for 4 s, the winner saved to ``out``."""
     settings = SearchSettings(window_s=0.2, max_workers=2, storage=f"sqlite:///{tmp_path}/s.db")
     loader = tuned(
         DataLoader(Indices(), batch_size=16, shuffle=True),
         budget_s=4,
         out=out,
         settings=settings,
-        report=lines.append,
+        report=report,
     )
+    return settings, loader
+
+
+def test_tuned_trains_on_every_sample_once_per_epoch_and_saves_the_winner(tmp_path: Path) -> None:
+    out = tmp_path / "rec.json"
+    lines: list[str] = []
+    settings, loader = _tuned_indices(tmp_path, out, lines.append)
     epochs = []
     with loader:
         assert len(loader) == 25 and loader.batch_size == 16  # the loader's own
@@ -156,14 +166,7 @@ def test_tuned_takes_an_epoch_the_loop_ends_early_as_long_as_the_loop_makes_it(
     """A loop that breaks after 5 of the loader's 25 batches starts workers again every 80
     samples, not every 400: the trials' epochs, and the saved entry's, are that long."""
     out = tmp_path / "rec.json"
-    settings = SearchSettings(window_s=0.2, max_workers=2, storage=f"sqlite:///{tmp_path}/s.db")
-    loader = tuned(
-        DataLoader(Indices(), batch_size=16, shuffle=True),
-        budget_s=4,
-        out=out,
-        settings=settings,
-        report=lambda line: None,
-    )
+    _, loader = _tuned_indices(tmp_path, out, lambda line: None)
     with loader:
         t0 = time.monotonic()
         while loader.tuner.runner.winner is None and time.monotonic() - t0 < 60:

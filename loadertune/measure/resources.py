@@ -298,18 +298,8 @@ class ResourceSampler:
         is full: a 0.3-s window's workers then read 0% busy."""
         self._window_open = False
         end_unix_us = int(time.time() * 1e6)
-        procs = self._tree()
+        end, procs, found = self._snapshot()
         mains = self._mains()
-        found = _workers(procs, mains)
-        memory = _memory_full(_sampled(procs, mains, found))
-        end = _Snapshot(
-            time.monotonic(),
-            _cpu_seconds(procs),
-            memory,
-            _busy_cpu_seconds(),
-            frozenset(p.pid for p in found),
-            _reaped_cpu_seconds(procs, mains),
-        )
         start = self._start
         u = self.usage
         workers = [p.pid for p in found if p.pid in end.cpu]
@@ -375,6 +365,22 @@ class ResourceSampler:
     def _mains(self) -> set[int]:
         return {self._root_pid, *self.main_pids}
 
+    def _snapshot(self) -> tuple[_Snapshot, list[psutil.Process], list[psutil.Process]]:
+        """The tree now (its processes' CPU times, a few workers' memory, the CPUs' busy time,
+        what ended children used), its processes, and its workers."""
+        procs = self._tree()
+        mains = self._mains()
+        found = _workers(procs, mains)
+        snapshot = _Snapshot(
+            time.monotonic(),
+            _cpu_seconds(procs),
+            _memory_full(_sampled(procs, mains, found)),
+            _busy_cpu_seconds(),
+            frozenset(p.pid for p in found),
+            _reaped_cpu_seconds(procs, mains),
+        )
+        return snapshot, procs, found
+
     def _tree(self) -> list[psutil.Process]:
         procs = process_tree(self._root)
         self.seen_pids.update(p.pid for p in procs)
@@ -393,18 +399,7 @@ class ResourceSampler:
                 return
             if self._want_start.is_set():
                 self._want_start.clear()
-                procs = self._tree()
-                mains = self._mains()
-                found = _workers(procs, mains)
-                memory = _memory_full(_sampled(procs, mains, found))
-                self._start = _Snapshot(
-                    time.monotonic(),
-                    _cpu_seconds(procs),
-                    memory,
-                    _busy_cpu_seconds(),
-                    frozenset(p.pid for p in found),
-                    _reaped_cpu_seconds(procs, mains),
-                )
+                self._start, procs, _ = self._snapshot()
             slow = tick % max(1, round(1.0 / self.INTERVAL_S)) == 0
             tick += 1
             if slow or not procs:
