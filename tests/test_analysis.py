@@ -261,7 +261,10 @@ def test_copy_on_read_is_flagged_with_its_cause() -> None:
             return len(self.items)
 
         def __getitem__(self, i: int):
-            return torch.tensor([self.items[i]["id"], self.items[i]["label"]], dtype=torch.float32)
+            # a sample joins 8 records (as a recommender's features would): each touch of a
+            # record writes its reference count, and the worker copies the page it sits on
+            rows = [self.items[(i * 7919 + k * 104729) % len(self.items)] for k in range(8)]
+            return torch.tensor([[r["id"], r["label"]] for r in rows], dtype=torch.float32)
 
     rec = tune_loader(
         Records(), batch_size=256, shuffle=True, max_workers=2, baseline={"num_workers": 2}, **_TUNE
