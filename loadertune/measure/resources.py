@@ -305,7 +305,7 @@ class ResourceSampler:
         workers = [p.pid for p in found if p.pid in end.cpu]
         # A whole epoch's non-persistent workers are shut down as it ends, before this
         # snapshot: the workers are then those of the start (2 workers read "+ 0%" before).
-        gone = sorted((start.workers & start.cpu.keys()) - end.cpu.keys()) if start else []
+        gone = [] if start is None else sorted((start.workers & start.cpu.keys()) - end.cpu.keys())
         u.n_workers = len(workers) or len(gone)
         if start is not None and end.wall - start.wall > 0.5 * (window_s or 0.0):
             wall = end.wall - start.wall

@@ -132,15 +132,19 @@ class Estimates:
         """:attr:`hard_ceiling` bounds the rate: it is not the step's figure where that is
         only a loop's measured rate (:attr:`step_floored`), which a search reaches trivially
         (a search stopped "at the ceiling" on the user's own rate, and said it was no bound)."""
-        hard = {k: v for k, v in self._ceilings().items() if k != "loader"}
+        hard = self._hard_ceilings()
         return not (self.step_floored and min(hard, key=lambda k: hard[k]) == "consumer")
+
+    def _hard_ceilings(self) -> dict[str, float]:
+        """The ceilings no worker count can lift: all but the loader's, which grows with the
+        worker range the search may widen."""
+        return {k: v for k, v in self._ceilings().items() if k != "loader"}
 
     @property
     def hard_ceiling(self) -> float:
         """The lowest ceiling no worker count can lift (step, CPUs, transfer): a search that
-        reaches it may stop. The loader's ceiling is left out: it grows with the worker range,
-        which the search may widen."""
-        return min(v for k, v in self._ceilings().items() if k != "loader")
+        reaches it may stop (see :meth:`_hard_ceilings`)."""
+        return min(self._hard_ceilings().values())
 
     def workers_needed(self) -> int:
         """Workers that feed the worker pipeline's lowest ceiling (at least 1)."""

@@ -160,11 +160,12 @@ class TrialController:
 
     def _swap_epoch(self, loader: DataLoader[Any], record: LoaderRecord) -> Iterator[Any]:
         """The HotSwap's epoch; a loader of the key created again (the search then knows it is
-        re-created and runs one setting per process) serves the next epochs' order."""
+        re-created and runs one setting per process) serves the next epochs' order, the setting
+        in use rebuilt over it (:meth:`~loadertune.trials.hotswap.HotSwap.follow`)."""
         assert self.swap is not None
         if record.index not in self._swap_loaders:
             self._swap_loaders.append(record.index)
-        self.swap.loader = loader
+        self.swap.follow(loader)
         return self.swap.epoch()
 
     def _metered(
