@@ -13,8 +13,10 @@ import os
 import statistics
 from typing import TYPE_CHECKING, Any
 
+from loadertune.config import Config
 from loadertune.hardware import Hardware
 from loadertune.search import memory
+from loadertune.search.confirm import sub_windows_clearly_better
 from loadertune.search.probe import Estimates
 from loadertune.search.stop import bottleneck
 from loadertune.trials import TrialResult
@@ -57,7 +59,8 @@ def describe_trial(results: list[TrialResult]) -> dict[str, Any] | None:
     if not ok:
         return None
     blocked = statistics.median(r.measurement.blocked_fraction for r in ok if r.measurement)
-    noise = statistics.median(r.measurement.spread for r in ok if r.measurement)
+    spreads = [sp for r in ok if r.measurement and (sp := r.measurement.spread) is not None]
+    noise = statistics.median(spreads) if spreads else 0.0
     gpu = [s for r in ok if r.resources for s in r.resources.gpu_util_percent]
     out: dict[str, Any] = {
         "bottleneck": bottleneck(blocked, noise),
@@ -286,9 +289,13 @@ def _advise_oversubscribed(
 ) -> str | None:
     if outcome.winner.num_workers <= hw.usable_cpus:
         return None
+    # The cause only where the probe saw it: a new user's pure-CPU loading (FFT features),
+    # measured while other processes held the CPUs, was told its "workers wait".
+    est = outcome.estimates
+    why = " because the loading waits on I/O" if est is not None and est.io_bound else ""
     return (
         f"the winner uses {outcome.winner.num_workers} workers on {hw.usable_cpus} usable "
-        "CPUs; torch warns about this, but it measured faster here because the workers wait"
+        f"CPUs; torch warns about this, but it was the best setting measured here{why}"
     )
 
 
@@ -346,6 +353,36 @@ def others_cpu_percent(outcome: SearchOutcome, hw: Hardware) -> float | None:
     return statistics.median(shares) if shares else None
 
 
+def clearly_better(outcome: SearchOutcome, hw: Hardware) -> bool:
+    """The winner clearly beats the baseline: the confirmation's verdict on it, or without one
+    (it ran out of budget, or a live run kept its own setting) the winner's sub-window rates in
+    this run against the baseline's, as the confirmation decides on a tight budget. One lucky
+    window is not "clearly faster".
+
+    While other processes kept the machine busy (:data:`BUSY_MACHINE_PERCENT`), only
+    rounds may say so: the sub-windows of one window share its moment's load. A new user's
+    script, measured while others used a whole CPU of two, read "3.90x, clearly faster" from
+    one baseline window (spread 100%) whose round the deadline skipped; on a quiet machine its
+    own setting was 1.8 times as fast as the winner."""
+    winner, base = outcome.winner, outcome.baseline
+    busy = (others_cpu_percent(outcome, hw) or 0.0) >= BUSY_MACHINE_PERCENT
+    conf = outcome.confirmation
+    if conf is not None and conf.winner == winner:
+        return conf.clearly_better_than_baseline(sub_windows=not busy)
+    if winner == base or busy:
+        return False
+
+    def rates(config: Config) -> list[float]:
+        return [
+            r
+            for t in outcome.results_for(config)
+            if t.ok and t.measurement and not t.pruned
+            for r in t.measurement.sub_window_samples_per_s
+        ]
+
+    return sub_windows_clearly_better(rates(winner), rates(base))
+
+
 def warnings(outcome: SearchOutcome, hw: Hardware) -> list[str]:
     out = []
     others = others_cpu_percent(outcome, hw)
@@ -355,8 +392,7 @@ def warnings(outcome: SearchOutcome, hw: Hardware) -> list[str]:
             "(median): every figure moves with their load, and a setting measured while it "
             "peaked can look much faster or slower than it is; search again on a quiet machine"
         )
-    conf = outcome.confirmation
-    if conf is not None and conf.within_noise and outcome.winner != outcome.baseline:
+    if outcome.winner != outcome.baseline and not clearly_better(outcome, hw):
         out.append(
             "the winner does not clearly beat your settings: the difference is within "
             "the noise of this machine"

@@ -10,30 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loadertune import analysis, store
-from loadertune.config import Config
 from loadertune.errors import SearchInterrupted
 from loadertune.hardware import Hardware
 from loadertune.search import SearchOutcome
-from loadertune.search.confirm import sub_windows_clearly_better
 from loadertune.trials import TrialResult
-
-
-def _clearly_better(outcome: SearchOutcome, winner: Config, base: Config) -> bool:
-    """Without the confirmation's verdict on this winner (it ran out of budget, or a live run
-    kept its own setting): the winner's sub-window rates in this run against the baseline's, as
-    the confirmation decides on a tight budget. One lucky window is not "clearly faster"."""
-    if winner == base:
-        return False
-
-    def rates(config: Config) -> list[float]:
-        return [
-            r
-            for t in outcome.results_for(config)
-            if t.ok and t.measurement and not t.pruned
-            for r in t.measurement.sub_window_samples_per_s
-        ]
-
-    return sub_windows_clearly_better(rates(winner), rates(base))
 
 
 def interrupted_as_it_finished(outcome: SearchOutcome) -> SearchInterrupted:
@@ -65,7 +45,7 @@ def _figures(results: list[TrialResult]) -> dict[str, Any] | None:
         if len(rates) > 1
         else ok[0].measurement.spread
         if ok[0].measurement
-        else 0.0,
+        else None,
         "blocked_fraction": statistics.median(
             r.measurement.blocked_fraction for r in ok if r.measurement
         ),
@@ -171,7 +151,6 @@ def build_recommendation(
     outcome: SearchOutcome, hw: Hardware, *, workload: dict[str, Any], hide_batch_size: bool = False
 ) -> Recommendation:
     """Turn a search's outcome into a Recommendation."""
-    conf = outcome.confirmation
     winner, base = outcome.winner, outcome.baseline
     win_fig = _figures(outcome.results_for(winner))
     base_fig = _figures(outcome.results_for(base))
@@ -190,9 +169,7 @@ def build_recommendation(
         baseline_kwargs=base.loader_kwargs(),
         baseline_samples_per_s=base_fig["samples_per_s"] if base_fig else None,
         speedup=speedup,
-        within_noise=conf.within_noise
-        if conf is not None and conf.winner == winner
-        else not _clearly_better(outcome, winner, base),
+        within_noise=not analysis.clearly_better(outcome, hw),
         best_at_batch_size=(
             {"loader_kwargs": at_bs.loader_kwargs(), **(at_bs_fig or {})}
             if at_bs is not None
@@ -203,6 +180,7 @@ def build_recommendation(
         hardware=hw,
         search={
             "study_name": outcome.study_name,
+            "study_started": outcome.study_started,
             "storage": outcome.storage,
             "stop_reason": outcome.stop_reason,
             # what the stop rules read: the best rate the exploration measured (earlier runs of

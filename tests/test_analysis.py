@@ -295,6 +295,28 @@ def test_balanced_when_the_loop_waits_a_little() -> None:
     assert describe_trial(results)["bottleneck"] == "balanced"
 
 
+def test_more_workers_than_cpus_names_a_cause_only_where_the_probe_saw_it() -> None:
+    """A winner with more workers than CPUs: "because the loading waits on I/O" only when the
+    probe found it so; a new user's pure-CPU loading, probed while other processes held the
+    CPUs, was told its "workers wait"."""
+    import dataclasses as dc
+    from types import SimpleNamespace
+
+    from loadertune.analysis import _advise_oversubscribed
+    from loadertune.hardware import detect
+
+    hw = detect()
+    winner = Config(32, hw.usable_cpus + 3, 2)
+    io = dc.replace(_estimates(1e6), load_cpu_fraction=0.1)
+    for est, why in ((io, True), (dc.replace(io, load_cpu_fraction=0.9), False), (None, False)):
+        outcome = SimpleNamespace(winner=winner, estimates=est)
+        line = _advise_oversubscribed(outcome, hw, {})  # type: ignore[arg-type]
+        assert line is not None and "best setting measured here" in line
+        assert ("waits on I/O" in line) is why
+    fits = SimpleNamespace(winner=Config(32, hw.usable_cpus, 2), estimates=io)
+    assert _advise_oversubscribed(fits, hw, {}) is None  # type: ignore[arg-type]
+
+
 def test_others_share_of_the_cpus_is_a_median_and_unknown_under_a_quota() -> None:
     import dataclasses as dc
     import os

@@ -188,7 +188,7 @@ def test_loaders_created_together_at_one_line_are_told_apart() -> None:
 
 
 def test_more_workers_than_cpus_is_told_once_not_warned_by_torch(recwarn) -> None:
-    """A saved setting with more workers than CPUs was measured fastest: torch's warning against
+    """A saved setting with more workers than CPUs is the search's pick: torch's warning against
     it would contradict the measurement. The run says it once; other loaders keep the warning."""
     import os
 

@@ -458,6 +458,46 @@ def test_a_winner_the_confirmation_never_measured_is_not_called_clearly_faster()
     assert clear.within_noise is False
 
 
+def test_on_a_busy_machine_only_rounds_say_clearly_faster() -> None:
+    """Other processes kept half the CPUs busy: a winner whose one window's sub-windows all beat
+    the baseline's is not "clearly faster" (they share that moment's load: a new user's script
+    read "3.90x, clearly faster" from one baseline window, and its own setting was 1.8 times as
+    fast on a quiet machine); two rounds of each, the worst beating the best, still are."""
+    import dataclasses as dc
+    import os
+
+    from loadertune.hardware import detect
+    from loadertune.measure.resources import ResourceUsage
+    from loadertune.recommendation import build_recommendation
+
+    cpus = len(os.sched_getaffinity(0))
+    hw = dc.replace(detect(), cpu_quota=None)
+
+    def outcome(others_percent: float, rounds: bool) -> SearchOutcome:
+        base = _result(A, 100.0, sub=[95.0, 105.0, 100.0, 100.0])
+        base.phase = "baseline"
+        win = _result(B, 176.0, sub=[170.0, 180.0, 175.0, 179.0])
+        win.phase = "search"
+        trials = [base, win]
+        conf = None
+        if rounds:
+            more = [_result(A, 104.0), _result(B, 171.0)]
+            trials += more
+            conf = _confirmation(A, {A: [100.0, 104.0], B: [176.0, 171.0]})
+        for t in trials:
+            t.resources = ResourceUsage(cpu_percent_others=others_percent * cpus)
+        return _outcome(trials, conf, values={A: 104.0, B: 176.0})
+
+    quiet = build_recommendation(outcome(5.0, rounds=False), hw, workload={})
+    assert quiet.within_noise is False
+    busy = build_recommendation(outcome(50.0, rounds=False), hw, workload={})
+    assert busy.within_noise is True
+    assert any("does not clearly beat" in w for w in busy.diagnosis["warnings"])
+    assert any("other processes kept 50%" in w for w in busy.diagnosis["warnings"])
+    busy_rounds = build_recommendation(outcome(50.0, rounds=True), hw, workload={})
+    assert busy_rounds.within_noise is False
+
+
 def test_a_baseline_whose_round_the_deadline_cut_keeps_its_figures_and_the_speedup() -> None:
     """The deadline cut the baseline's only round (skipped, as the confirmation of an H200's
     short epochs ended): the summary still has the baseline's figures, from its own trial, and

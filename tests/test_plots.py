@@ -97,6 +97,38 @@ def test_without_its_study_the_report_says_so_and_uses_the_file(searched, tmp_pa
         load(str(path), study="nope")
 
 
+@pytest.mark.slow
+def test_the_report_finds_its_study_after_a_fresh_search_replaced_it(searched, tmp_path) -> None:
+    """A fresh search of the same study name (another ``--out``) replaced the entry's study:
+    the report reads the copy kept of it, not the newer search's trials."""
+    import optuna
+
+    from loadertune.search import study as study_module
+
+    path, storage = searched
+    search = _entry(path)["search"]
+    name, started = search["study_name"], search["study_started"]
+    moved = tmp_path / "studies.db"
+    moved_url = f"sqlite:///{moved}"
+    optuna.copy_study(
+        from_study_name=name, from_storage=storage, to_storage=moved_url, to_study_name=name
+    )
+    doc = json.loads(path.read_text())
+    for machine in doc["machines"].values():
+        for entry in machine["workloads"].values():
+            entry["search"]["storage"] = moved_url
+    copy = tmp_path / "rec.json"
+    copy.write_text(json.dumps(doc))
+    study_module._replace(moved_url, name)  # as a fresh search of that name does
+    newer = optuna.create_study(study_name=name, storage=moved_url, direction="maximize")
+    newer.set_user_attr(study_module.STARTED, study_module._now())
+    data = load(str(copy))
+    kept = study_module.replaced_name(name, started)
+    assert repr(kept) in data.study_note
+    details = load(str(path)).study_note.split(": details of ")[1]  # as before it was replaced
+    assert data.study_note.endswith(f": details of {details}")
+
+
 def test_an_entry_that_is_not_there_is_named(tmp_path) -> None:
     path = tmp_path / "empty.json"
     with pytest.raises(NoRecommendationError, match="does not exist"):

@@ -76,6 +76,15 @@ def test_trial_line_ok() -> None:
     assert "pruned" not in line
 
 
+def test_one_sub_windows_spread_is_unknown_not_zero() -> None:
+    """A window of one sub-window has no spread: "-", not "spread 0%", which a new user read as
+    a precise figure."""
+    one = dataclasses.replace(OK, measurement=_measurement(500.0, 0.2, [500.0]))
+    assert one.measurement is not None and one.measurement.spread is None
+    assert "spread -" in trial_line(one)
+    assert one.measurement.to_dict()["spread"] is None
+
+
 def test_trial_line_failed() -> None:
     line = trial_line(FAILED)
     assert "bs=128 w=8 pf=4" in line

@@ -667,6 +667,52 @@ def test_fresh_start_forgets_the_study(tmp_path, hw) -> None:
     assert outcome.n_previous_trials == 0 and runner.log[0][0] == "baseline"
 
 
+def test_a_fresh_search_keeps_the_study_it_replaces_for_the_entries_that_name_it(
+    tmp_path, hw
+) -> None:
+    """A fresh search of a study name (another ``--out``, the same script and arguments) keeps
+    the study it replaces under its start time, where the first search's entry finds it: it
+    had been deleted, and a report of the first file mixed the two searches."""
+    from loadertune.search.study import replaced_name, stored_trials, study_of_entry
+
+    s = settings(tmp_path, study_name="again", n_trials=6)
+    first = Search(
+        FakeRunner(io_landscape), hardware=hw, baseline=Config(32), batch_sizes=[32], settings=s
+    ).run()
+    before = stored_trials(first.storage, "again")
+    second = Search(
+        FakeRunner(io_landscape),
+        hardware=hw,
+        baseline=Config(32),
+        batch_sizes=[32],
+        settings=dataclasses.replace(s, resume=False, n_trials=3),
+    ).run()
+    assert first.study_started and second.study_started
+    assert first.study_started != second.study_started
+    kept = study_of_entry(first.storage, "again", first.study_started)
+    assert kept == replaced_name("again", first.study_started)
+    assert [t["params"] for t in stored_trials(first.storage, kept)] == [
+        t["params"] for t in before
+    ]
+    assert study_of_entry(first.storage, "again", second.study_started) == "again"
+    assert study_of_entry(first.storage, "again", None) == "again"  # an older entry
+    assert len(stored_trials(first.storage, "again")) < len(before)
+
+
+def test_a_study_name_keeps_its_newest_replaced_studies_only(tmp_path) -> None:
+    from loadertune.search import study as study_module
+
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    for _ in range(study_module.KEEP_REPLACED + 3):
+        study_module._replace(storage, "x")
+        made = optuna.create_study(study_name="x", storage=storage, direction="maximize")
+        made.set_user_attr(study_module.STARTED, study_module._now())
+        made.add_trial(optuna.trial.create_trial(value=1.0))
+    names = optuna.get_all_study_names(storage)
+    assert "x" in names
+    assert len([n for n in names if n.startswith("x@")]) == study_module.KEEP_REPLACED
+
+
 def test_training_code_failing_at_another_batch_size_rules_that_size_out(tmp_path, hw) -> None:
     """A step that assumes its own batch size (a ``view(32, -1)``) raises at any other: that is
     the batch size's failure, not the user's bug; the search leaves the size out and goes on.

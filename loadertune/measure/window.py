@@ -120,11 +120,13 @@ class Measurement:
         return min(1.0, self.blocked_cpu_fraction + (self.blocked_wait_fraction or 0.0))
 
     @property
-    def spread(self) -> float:
-        """Relative spread of the sub-window rates: (max - min) / median; 0 with one sub-window."""
+    def spread(self) -> float | None:
+        """Relative spread of the sub-window rates: (max - min) / median; None with fewer than
+        two sub-windows (unknown, not 0: a new user read one sub-window's "spread 0%" as a
+        precise figure)."""
         rates = [r for r in self.sub_window_samples_per_s if r > 0]
         if len(rates) < 2:
-            return 0.0
+            return None
         return (max(rates) - min(rates)) / statistics.median(rates)
 
     @property

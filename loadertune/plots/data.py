@@ -17,7 +17,7 @@ from typing import Any
 from loadertune import hardware, store
 from loadertune.config import Config
 from loadertune.errors import ConfigError, LoadertuneError, RecommendationFileError
-from loadertune.search.study import stored_trials
+from loadertune.search.study import stored_trials, study_of_entry
 from loadertune.units import MIB
 
 # The ceilings of the diagnosis, under the names a user knows (see README, "The diagnosis").
@@ -232,6 +232,8 @@ def load(
     search = entry.get("search") or {}
     name, url = study or search.get("study_name"), storage or search.get("storage")
     note = "the study is not named in the entry: figures from the file only"
+    if name and url and study is None:  # the entry's own: kept under another name once replaced
+        name = study_of_entry(url, name, search.get("study_started"))
     if name and url:
         try:
             stored = stored_trials(url, name)

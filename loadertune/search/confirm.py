@@ -102,6 +102,12 @@ class Confirmation:
         With fewer than two rounds of each (a tight budget), the sub-window rates of the
         measurements there are decide (:func:`sub_windows_clearly_better`).
         """
+        return self.clearly_better_than_baseline(sub_windows=True)
+
+    def clearly_better_than_baseline(self, *, sub_windows: bool) -> bool:
+        """:attr:`clearly_better`; ``sub_windows`` False: the rounds alone may say so (two of
+        each at least). Sub-windows of one window share its moment's load: on a machine other
+        processes keep busy, they are no independent figures."""
         win = self.winner
         if win is None or win == self.baseline:
             return False
@@ -109,7 +115,7 @@ class Confirmation:
         if not theirs:  # the baseline failed every round it ran: anything that runs is better
             return bool(self.results.get(self.baseline))
         if len(ours) < 2 or len(theirs) < 2:
-            return sub_windows_clearly_better(
+            return sub_windows and sub_windows_clearly_better(
                 self.sub_window_rates(win), self.sub_window_rates(self.baseline)
             )
         return rates_clearly_better(ours, theirs)

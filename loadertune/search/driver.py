@@ -629,4 +629,5 @@ class Search:
             n_previous_trials=log.n_at_start,
             user_batch_size=self.baseline.batch_size,
             values=dict(self.ledger.values),
+            study_started=log.started,
         )

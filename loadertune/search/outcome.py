@@ -40,6 +40,7 @@ class SearchOutcome:
     n_previous_trials: int
     user_batch_size: int
     values: dict[Config, float] = field(default_factory=dict)  # best search value per setting
+    study_started: str | None = None  # when the study was created (``StudyLog.started``)
 
     @property
     def study_name(self) -> str:

@@ -44,6 +44,6 @@ def loader_keeps_up(baseline: TrialResult | None, est: Estimates | None) -> bool
         return False
     m = baseline.measurement
     return (
-        bottleneck(m.blocked_fraction, m.spread) == "compute"
+        bottleneck(m.blocked_fraction, m.spread or 0.0) == "compute"
         and (baseline.epoch_samples_per_s or 0.0) >= 0.85 * est.consumer_ceiling
     )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime as _dt
 import functools
 import os
 import signal
@@ -34,6 +35,8 @@ from loadertune.search.space import SearchSpace
 from loadertune.trials import TrialResult
 
 OPENING = "opening"  # the study attribute that keeps the opening's trials (see keep_opening)
+STARTED = "started"  # the study attribute that says when the study was created (UTC, ISO)
+KEEP_REPLACED = 8  # replaced studies kept per name (see :func:`_replace`), the newest
 _HELD = (signal.SIGINT, signal.SIGTERM)
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -140,8 +143,7 @@ class StudyLog:
         )
         try:
             if not resume and self._buffer is None:
-                with contextlib.suppress(KeyError):
-                    optuna.delete_study(study_name=name, storage=storage)
+                _replace(storage, name)
             self.study = optuna.create_study(
                 storage=self._buffer or storage,
                 study_name=name,
@@ -149,6 +151,8 @@ class StudyLog:
                 direction="maximize",
                 load_if_exists=True,
             )
+            if STARTED not in self.study.user_attrs:
+                self.study.set_user_attr(STARTED, _now())
         except ValueError as exc:  # a study of that name optimises something else
             raise ConfigError(
                 f"study {name!r} in {storage} is not a loadertune study: {exc}"
@@ -160,6 +164,13 @@ class StudyLog:
             ) from exc
         self._open: optuna.trial.Trial | None = None
         self.n_at_start = len(self.study.get_trials(deepcopy=False)) + self._n_unrecorded()
+
+    @property
+    def started(self) -> str | None:
+        """When the study was created (UTC, ISO): a saved entry names its study by its name and
+        this, so that a later fresh search of the same name does not take its place."""
+        value = self.study.user_attrs.get(STARTED)
+        return value if isinstance(value, str) else None
 
     # -- resuming --------------------------------------------------------------------------------
 
@@ -289,8 +300,7 @@ class StudyLog:
         if self._buffer is None:
             return None
         try:
-            with contextlib.suppress(KeyError):
-                optuna.delete_study(study_name=self.name, storage=self.storage)
+            _replace(self.storage, self.name)
             optuna.copy_study(
                 from_study_name=self.name, from_storage=self._buffer, to_storage=self.storage
             )
@@ -341,6 +351,59 @@ class StudyLog:
 
     def n_complete(self) -> int:
         return len(self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds")
+
+
+def replaced_name(name: str, started: str) -> str:
+    """The name study ``name`` created at ``started`` keeps once a fresh search replaced it."""
+    return f"{name}@{started}"
+
+
+def _replace(storage: str, name: str) -> None:
+    """Make way for a fresh study ``name``: the one there is copied to
+    :func:`replaced_name` first (when it has trials and says when it started), then deleted.
+    A saved entry names its study by both (``study_started``), and ``loadertune report`` finds
+    the copy (:func:`study_of_entry`): a fresh search written to another file had taken the
+    study of the first file's entry, and its report mixed the two searches. The newest
+    :data:`KEEP_REPLACED` copies of a name are kept."""
+    try:
+        old = optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        return
+    started = old.user_attrs.get(STARTED)
+    names = optuna.get_all_study_names(storage)
+    copy = replaced_name(name, started) if isinstance(started, str) else None
+    if copy is not None and copy not in names and old.get_trials(deepcopy=False):
+        optuna.copy_study(
+            from_study_name=name, from_storage=storage, to_storage=storage, to_study_name=copy
+        )
+        names.append(copy)
+    optuna.delete_study(study_name=name, storage=storage)
+    copies = sorted(n for n in names if n.startswith(f"{name}@"))  # ISO times sort in order
+    for stale in copies[:-KEEP_REPLACED]:
+        with contextlib.suppress(KeyError):
+            optuna.delete_study(study_name=stale, storage=storage)
+
+
+def study_of_entry(storage: str, name: str, started: str | None) -> str:
+    """The name of the study a saved entry was written from: ``name``, or the copy a later
+    fresh search of that name left (:func:`_replace`) when the study called ``name`` now
+    started at another time than the entry's (``started``: its ``study_started``; None, an
+    older entry: ``name``)."""
+    if not started:
+        return name
+    with quiet_optuna():
+        try:
+            current = optuna.load_study(study_name=name, storage=storage)
+            if current.user_attrs.get(STARTED) in (None, started):
+                return name
+            copy = replaced_name(name, started)
+            return copy if copy in optuna.get_all_study_names(storage) else name
+        except Exception:  # the report's own read says what is wrong
+            return name
 
 
 def stored_trials(storage: str, name: str) -> list[dict[str, Any]]:

@@ -187,8 +187,8 @@ class ApplySaved:
         if loader.num_workers > cpus and not self._told_cpus:
             self._told_cpus = True
             self.report(
-                f"loadertune: {loader.num_workers} workers on {cpus} CPUs was "
-                "measured fastest on this machine; torch's warning against more workers than "
+                f"loadertune: {loader.num_workers} workers on {cpus} CPUs is the setting the "
+                "search saved for this machine; torch's warning against more workers than "
                 "CPUs is left out for this loader"
             )
         with dl.quiet_worker_warning():
