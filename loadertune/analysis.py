@@ -66,6 +66,10 @@ def describe_trial(results: list[TrialResult]) -> dict[str, Any] | None:
         "bottleneck": bottleneck(blocked, noise),
         "blocked_fraction": blocked,
         "samples_per_s": statistics.median(r.samples_per_s or 0.0 for r in ok),
+        "epoch_samples_per_s": statistics.median(r.epoch_samples_per_s or 0.0 for r in ok),
+        # every window an epoch: one of a few batches has no steady rate (its first wait,
+        # left out of the window, holds the making of most of its batches)
+        "whole_epochs": all(r.measurement.whole_epoch for r in ok if r.measurement),
     }
     if gpu:
         out["gpu_util_mean"] = statistics.fmean(gpu)
@@ -431,7 +435,8 @@ def diagnose(outcome: SearchOutcome, hw: Hardware) -> dict[str, Any]:
         "failures": failures_seen(outcome),
     }
     if diag["ceiling_samples_per_s"] and win:
-        diag["percent_of_ceiling"] = 100 * win["samples_per_s"] / diag["ceiling_samples_per_s"]
+        rate = win["epoch_samples_per_s"] if win["whole_epochs"] else win["samples_per_s"]
+        diag["percent_of_ceiling"] = 100 * rate / diag["ceiling_samples_per_s"]
     diag["warnings"] = warnings(outcome, hw)
     diag["advice"] = advice(outcome, hw, diag)
     return diag

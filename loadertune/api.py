@@ -365,8 +365,9 @@ def tune_script(
         exc.workload = {**workload, **found()}
         raise
     rec.workload.update(found())
-    if runner.batch_size_fixed:  # the script's batch sampler decides
+    if runner.batch_size_fixed:  # the script's batch sampler decides: no batch size to say
         rec.loader_kwargs.pop("batch_size", None)
+        rec.baseline_kwargs.pop("batch_size", None)
     return rec
 
 

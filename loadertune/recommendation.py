@@ -154,9 +154,10 @@ def build_recommendation(
     winner, base = outcome.winner, outcome.baseline
     win_fig = _figures(outcome.results_for(winner))
     base_fig = _figures(outcome.results_for(base))
-    kwargs = winner.loader_kwargs()
-    if hide_batch_size:
+    kwargs, base_kwargs = winner.loader_kwargs(), base.loader_kwargs()
+    if hide_batch_size:  # a batch sampler decides: "bs=1" would be no batch size it makes
         kwargs.pop("batch_size")
+        base_kwargs.pop("batch_size")
     speedup = None
     if win_fig and base_fig and base_fig["epoch_samples_per_s"]:
         speedup = win_fig["epoch_samples_per_s"] / base_fig["epoch_samples_per_s"]
@@ -166,7 +167,7 @@ def build_recommendation(
     return Recommendation(
         loader_kwargs=kwargs,
         samples_per_s=win_fig["samples_per_s"] if win_fig else None,
-        baseline_kwargs=base.loader_kwargs(),
+        baseline_kwargs=base_kwargs,
         baseline_samples_per_s=base_fig["samples_per_s"] if base_fig else None,
         speedup=speedup,
         within_noise=not analysis.clearly_better(outcome, hw),

@@ -449,7 +449,8 @@ def _tuned_line(entry: Mapping[str, Any]) -> str | None:
         index=w.get("loader_index"),
         call_site=w["call_site"],
         dataset=w.get("dataset"),
-        batch_size=_batch_size(_baseline_kwargs(entry)),
+        batch_size=_batch_size(_baseline_kwargs(entry))
+        or ("its batch sampler's" if w.get("batch_size_fixed") else None),
         chosen_by=w.get("chosen_by"),
         rebuilt=bool(w.get("rebuilt_by_framework")),
         recreated=bool(w.get("recreated_each_epoch")),
@@ -481,8 +482,9 @@ def trials_table(trials: list[TrialResult]) -> Table:
 def _at_batch_size_note(
     entry: Mapping[str, Any], kwargs: Mapping[str, Any], rate: float | None
 ) -> str:
-    """Why the best at the user's batch size is not the winner though its median over all its
-    trials is higher (one lucky search figure; or it lost the side-by-side final rounds)."""
+    """Why the best at the user's batch size is not the winner though its figure here is higher
+    (one lucky search figure; or, side by side, the rounds' figure, where the winner was chosen
+    on every figure of the search pooled)."""
     winner_rate = entry.get("samples_per_s")
     if not rate or not winner_rate or rate < winner_rate:
         return ""
@@ -490,8 +492,11 @@ def _at_batch_size_note(
         t.get("phase") == "confirm" and t.get("params") == dict(kwargs)
         for t in entry.get("trials") or []
     )
-    if confirmed:
-        return " over all its trials, but it lost to the winner side by side in the final rounds"
+    if confirmed:  # (it had read "it lost to the winner side by side", where it led there)
+        return (
+            " side by side in the final rounds, ahead of the winner there; the winner leads "
+            "over the whole search, which holds more figures"
+        )
     return " in the search alone: it was not measured beside the winner in the final rounds"
 
 

@@ -112,6 +112,23 @@ def test_describe_trial_takes_medians() -> None:
     assert "gpu_util_histogram" not in out
 
 
+def test_describe_trial_says_when_every_window_was_a_whole_epoch() -> None:
+    """A winner measured in whole epochs is held to the ceiling by its epoch rate: an epoch of a
+    few batches has no steady rate (a 6-batch epoch's "steady" figure read 183% of the ceiling
+    where its epoch rate was 62%)."""
+    whole = [_ok(5000.0, 0.5), _ok(7000.0, 0.5)]
+    for r in whole:
+        assert r.measurement is not None
+        r.measurement.whole_epoch = True
+        r.epoch_samples = 384
+        r.config = Config(64, 3, 2, persistent_workers=True)
+        r.measurement.reentry_s = [0.2]
+    out = describe_trial(whole)
+    assert out is not None and out["whole_epochs"] is True
+    assert out["epoch_samples_per_s"] < out["samples_per_s"] / 2
+    assert describe_trial([_ok(100.0, 0.5)])["whole_epochs"] is False  # type: ignore[index]
+
+
 def test_describe_trial_ignores_failed_results() -> None:
     out = describe_trial([_failed(), _ok(100.0, 0.01), _failed(), _ok(120.0, 0.03)])
     assert out is not None

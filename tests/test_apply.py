@@ -59,6 +59,10 @@ def test_the_entry_goes_to_its_loader_only_and_the_other_at_its_line_is_named() 
     assert (val.batch_size, val.num_workers) == (8, 0)  # the same line, another loader
     assert [r.index for r in entry.applied] == [1]
     assert any("#1 at mytrain.py:9" in line and "bs=16 w=2 pf=4 persist" in line for line in lines)
+    # the script's batch size was 4: the run says the training changes with it, not only speed
+    (applied,) = [line for line in lines if "#1 at mytrain.py:9" in line]
+    assert "the batch size 16 is the search's pick, not the script's 4" in applied
+    assert "learning rate" in applied
     assert any("#2 at mytrain.py:9" in line and "not changed" in line for line in lines)
     assert controller.unapplied() == []
 
@@ -263,6 +267,31 @@ def test_an_edit_above_the_loader_moves_it_and_its_entry_follows(tmp_path: Path)
     ns, lines, _ = _run_file(path, [entry])
     assert ns["train"].num_workers == 2 and ns["val"].num_workers == 0
     assert any("reads otherwise" in line and "not changed" in line for line in lines), lines
+
+
+def test_a_frameworks_other_loader_at_the_same_line_is_named_as_such() -> None:
+    """A Trainer builds its training and its evaluation loader from one line of the user's
+    (``trainer.train()``): the evaluation loader is left alone as created by other code, not
+    told its code "reads otherwise now than when it was measured" (and to search again)."""
+    from loadertune.trials.identity import LoaderRecord
+
+    site = "train.py:52"
+    train_key = ("transformers/trainer.py:get_train_dataloader", site, "train.py:60")
+    eval_key = ("transformers/trainer.py:get_eval_dataloader", site, "train.py:60")
+    lines = ("out = tr.train()", "main()")
+    entry = SavedEntry("script train.py:52", KWARGS, call_site=site, key=train_key, lines=lines)
+    train = LoaderRecord(1, site, key=train_key, lines=lines)
+    evaluation = LoaderRecord(3, site, key=eval_key, lines=lines)
+    assert entry.differs(train) is None
+    why = entry.differs(evaluation)
+    assert why == (
+        "it was created by transformers/trainer.py:get_eval_dataloader, the entry's loader by "
+        "transformers/trainer.py:get_train_dataloader"
+    )
+    reported: list[str] = []
+    ApplySaved([entry], report=reported.append).on_create(evaluation, {"dataset": [1]})
+    (line,) = reported
+    assert "get_eval_dataloader" in line and "loadertune search" not in line
 
 
 def test_an_entry_at_the_loaders_own_lines_wins_over_one_that_follows_it(tmp_path: Path) -> None:

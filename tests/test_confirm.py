@@ -458,6 +458,27 @@ def test_a_winner_the_confirmation_never_measured_is_not_called_clearly_faster()
     assert clear.within_noise is False
 
 
+def test_where_a_batch_sampler_decides_neither_setting_names_a_batch_size() -> None:
+    """A batch sampler decides the batches: the baseline is labelled as the winner is
+    ("bs=sampler"), not "bs=1" beside it (a new user's table read "bs=1 w=0" against
+    "bs=sampler w=2 pf=4", for batches of 32)."""
+    from loadertune.hardware import detect
+    from loadertune.recommendation import build_recommendation
+    from loadertune.report import summary_rows
+
+    base = _result(A, 100.0)
+    base.phase = "baseline"
+    rec = build_recommendation(
+        _outcome([base, _result(B, 150.0)], None, values={A: 100.0, B: 150.0}),
+        detect(),
+        workload={},
+        hide_batch_size=True,
+    )
+    assert "batch_size" not in rec.loader_kwargs and "batch_size" not in rec.baseline_kwargs
+    (setting,) = [row for row in summary_rows(rec.to_entry()) if row[0] == "setting"]
+    assert setting[1].startswith("bs=sampler w=") and setting[2].startswith("bs=sampler w=")
+
+
 def test_on_a_busy_machine_only_rounds_say_clearly_faster() -> None:
     """Other processes kept half the CPUs busy: a winner whose one window's sub-windows all beat
     the baseline's is not "clearly faster" (they share that moment's load: a new user's script

@@ -258,6 +258,32 @@ def test_many_settings_run_in_one_process_and_each_epoch_holds_every_sample_once
         assert sorted(epoch["samples"]) == list(range(600)), epoch["epoch"]
 
 
+def test_a_loop_that_catches_a_bad_records_error_goes_on_through_every_setting(
+    tmp_path: Path,
+) -> None:
+    """bad_records.py catches the error a bad record raises around ``next()`` and goes on: the
+    settings swapped under it measure as usual, and each epoch holds every sample but the bad
+    batches'. Before, the epoch ended at the first error, and the trials with workers failed as
+    "a worker or the step hung" (a new user's search then recommended no workers)."""
+    out = tmp_path / "counts.jsonl"
+    runner = ScriptRunner(SCRIPTS / "bad_records.py", [str(out), "400"])
+    limits = Limits(timeout_s=60, startup_s=30, hang_s=5)
+    try:
+        base = runner.run(None, window=window_for(Config(1), window_s=0.3), limits=limits)
+        results = [
+            runner.run(c, window=window_for(c, window_s=0.3), limits=limits) for c in SWAPPED
+        ]
+        assert runner.n_launches == 1
+    finally:
+        runner.close()
+    assert base.ok and all(r.ok for r in results), [r.failure for r in results]
+    epochs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(epochs) >= 3
+    for epoch in epochs:
+        assert len(epoch["samples"]) == len(set(epoch["samples"])), epoch["epoch"]
+        assert 1 <= epoch["raised"] <= 4 and len(epoch["samples"]) >= 480 - 4 * 64, epoch
+
+
 def test_the_next_settings_take_over_the_first_epoch_right_after_the_scripts_own(
     tmp_path: Path,
 ) -> None:

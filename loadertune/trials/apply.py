@@ -33,6 +33,7 @@ from loadertune.trials import lifeline
 from loadertune.trials import loader as dl
 from loadertune.trials.identity import (
     LoaderRecord,
+    framework_difference,
     matches_site,
     nth,
     ordinal,
@@ -87,7 +88,15 @@ class SavedEntry:
             return None
         same = same_code(record.identity, record.lines, self.key, self.lines)
         if same is not None:  # the code decides, wherever its lines are now
-            return None if same else "its code reads otherwise now than when it was measured"
+            if same:
+                return None
+            other = framework_difference(record.identity, self.key)
+            if other is not None:  # (a Trainer's evaluation loader had been told its code
+                # "reads otherwise now than when it was measured": it was another loader)
+                return f"it was created by {other[0] or 'your code'}, the entry's loader by " + (
+                    other[1] or "your code"
+                )
+            return "its code reads otherwise now than when it was measured"
         if not same_key(record.identity, self.key, user_frames=2):
             pairs = zip(record.identity, self.key, strict=False)
             mine, theirs = next(((a, b) for a, b in pairs if a != b), ("another way", "another"))
@@ -143,10 +152,13 @@ class ApplySaved:
                 if said in self._said:
                     continue
                 self._said.add(said)
-                sibling = entry.key is not None and ordinal(record.identity) != ordinal(entry.key)
+                other = entry.key is not None and (  # another loader there, not an edit
+                    ordinal(record.identity) != ordinal(entry.key)
+                    or framework_difference(record.identity, entry.key) is not None
+                )
                 hint = (
                     ""
-                    if sibling
+                    if other
                     else " (if the script changed there, `loadertune search` measures it as it "
                     "is now)"
                 )
@@ -168,11 +180,17 @@ class ApplySaved:
     def _apply(
         self, entry: SavedEntry, record: LoaderRecord, arguments: dict[str, Any]
     ) -> dict[str, Any]:
+        own = arguments.get("batch_size", 1)
         if not entry.applied:  # once: its re-creations and rebuilt copies get it silently
             moved = f" (measured at {entry.call_site})" if entry.moved_to(record) else ""
+            size = entry.loader_kwargs.get("batch_size")
+            if own and size is not None and size != own:  # the training changes, not only speed
+                moved += (
+                    f"; the batch size {size} is the search's pick, not the script's {own}: "
+                    "scale the learning rate with it (linearly or by its square root)"
+                )
             self.report(f"loadertune: DataLoader {record.describe()}: {entry.label()}{moved}")
         entry.applied.append(record)
-        own = arguments.get("batch_size", 1)
         config = Config.from_kwargs(entry.loader_kwargs, batch_size=own if own else 1)
         return dl.apply_settings(arguments, config)
 

@@ -154,6 +154,7 @@ class _Run:
                 sync=dl.cuda_sync,
                 measure_cpu=step.config.num_workers == 0 and step.phase != "replay",
                 mid_epoch=mid_epoch,
+                persistent=step.config.persistent_workers and step.config.num_workers > 0,
                 epoch_batches=epoch_batches,
             )
 
@@ -275,7 +276,11 @@ class HotSwap:
             raise StopIteration  # an epoch the script has left
         while True:
             if self._pending:
-                return self._pending.pop(0)
+                batch = self._pending.pop(0)
+                if isinstance(batch, _Raised):  # (the re-entry's first batch raised)
+                    batch.segment.passed_on(batch.exc)
+                    raise batch.exc
+                return batch
             run = self.current
             try:
                 if run is not None and run.draining:
@@ -316,6 +321,8 @@ class HotSwap:
                     _internals.forget_deaths()
                     continue
                 if not self.fall_back or run is None or run.meter is None or self.good is None:
+                    if run is not None:
+                        run.segment.passed_on(exc)  # to the script, which may go on
                     raise
                 self._failed(run, exc)
 
@@ -426,6 +433,9 @@ class HotSwap:
                 run.it = it
             except StopIteration:
                 run.it = None
+            except Exception as exc:  # the script gets it next, as its own loader would raise it
+                self._pending.append(_Raised(run.segment, exc))
+                run.it = it
         elif run.step.phase == "replay":
             run.it = None
         else:
@@ -478,6 +488,14 @@ class HotSwap:
         """Shut down whatever setting is in use."""
         if self.current is not None:
             self._close(self.current)
+
+
+@dataclass
+class _Raised:
+    """What a segment's ``next()`` raised, held to be raised to the script in its turn."""
+
+    segment: Segment
+    exc: Exception
 
 
 class _Epoch:

@@ -117,6 +117,7 @@ class Metered:
                 dl.settings_of(loader), window_s=self._window_s, whole_epoch=self._whole_epoch
             ),
             mid_epoch=mid_epoch,
+            persistent=loader.persistent_workers and loader.num_workers > 0,
             count=dl.sample_counter(loader),
             sink=self.sink,
             sync=dl.cuda_sync,

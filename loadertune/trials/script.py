@@ -339,6 +339,8 @@ class ScriptRunner(BaseRunner):
             dataset=msg["dataset"],
             batch_size="None"
             if msg["batch_size_fixed"] == messages.NO_BATCHING
+            else "its batch sampler's"
+            if msg["batch_size_fixed"]
             else msg["settings"].get("batch_size"),
             chosen_by=msg["chosen_by"],
             rebuilt=msg["origin"] is not None,

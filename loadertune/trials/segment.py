@@ -18,6 +18,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from loadertune.config import Config
+from loadertune.measure import failures
 from loadertune.measure.counting import structure_count
 from loadertune.trials import _torch_internals as _internals
 from loadertune.trials import lifeline
@@ -170,6 +171,29 @@ class _Remaining:
         return samples
 
 
+class _Delivered:
+    """A segment's epoch as the script receives it. An iterator, not a generator: an exception
+    from one batch passes through, and the epoch goes on at the next ``next()``, as it does with
+    torch's own iterator (a generator that raised is finished: a script that caught a bad
+    record's error and went on had lost the rest of every epoch)."""
+
+    __slots__ = ("_it", "_order", "_segment")
+
+    def __init__(self, segment: Segment, it: Iterator[Any], order: EpochOrder) -> None:
+        self._segment, self._it, self._order = segment, it, order
+
+    def __iter__(self) -> _Delivered:
+        return self
+
+    def __next__(self) -> Any:
+        if self._order.full():
+            raise StopIteration
+        batch = next(self._it)
+        self._segment.delivered(batch)
+        self._order.given += 1
+        return batch
+
+
 class Segment:
     """One setting's loader over what is left of the epoch (see the module docstring).
 
@@ -214,16 +238,26 @@ class Segment:
         self.sampler.restart(self.order)
         with dl.quiet_worker_warning():
             self.iterator = iter(self.loader)
-        return self.order.counted(self._deliver(self.iterator))
+        return _Delivered(self, self.iterator, self.order)
 
-    def _deliver(self, it: Iterator[Any]) -> Iterator[Any]:
-        delivered = self.sampler.delivered
-        for batch in it:
-            self.samples = delivered()
-            if self.seen < SEEN_BATCHES:
-                self.seen += 1
-                self.lengths.add(structure_count(batch))
-            yield batch
+    def delivered(self, batch: Any) -> None:
+        """The script receives ``batch``, the oldest made: the position moves past it."""
+        self.samples = self.sampler.delivered()
+        if self.seen < SEEN_BATCHES:
+            self.seen += 1
+            self.lengths.add(structure_count(batch))
+
+    def passed_on(self, exc: BaseException) -> None:
+        """``exc``, which ``next()`` on this segment raised, goes to the script as a plain
+        DataLoader's iterator would raise it. An error the dataset or ``collate_fn`` raised for
+        one batch (in the loop's process, or re-raised from a worker: "Caught X in DataLoader
+        worker") ends that batch, and the iterator goes on with the next: the position moves
+        past it, as it does past a batch received. A worker's death or a timeout ends no batch:
+        whatever comes next fetches it again."""
+        consumed = not self.config.num_workers or failures.raised_in_worker(str(exc))
+        if consumed and self.sampler.emitted and self.order is not None:
+            self.sampler.delivered()
+            self.order.given += 1
 
     def count(self, batch: Any, index: int) -> int:
         """The meter's sample count: the batch the segment handed over last."""
