@@ -14,7 +14,7 @@ from loadertune.config import Config
 from loadertune.errors import ConfigError
 from loadertune.measure.meter import Measurement, WindowSpec
 from loadertune.measure.resources import tree_pss
-from loadertune.trials import Limits, window_for
+from loadertune.trials import Limits, TrialResult, window_for
 from loadertune.trials.messages import NO_BATCHING, Message
 from loadertune.trials.script import (
     ScriptRunner,
@@ -225,13 +225,10 @@ def test_a_batch_size_over_the_data_is_a_failed_setting_not_a_bug() -> None:
 SWAPPED = [Config(32, 2, 2), Config(8), Config(16, 1, 2, persistent_workers=True), Config(64, 3, 1)]
 
 
-def test_many_settings_run_in_one_process_and_each_epoch_holds_every_sample_once(
-    tmp_path: Path,
-) -> None:
-    """counts.py records what its loop receives per epoch; the settings change batch size and
-    workers under it, in one process."""
-    out = tmp_path / "counts.jsonl"
-    runner = ScriptRunner(SCRIPTS / "counts.py", [str(out), "1000"])
+def _swapped_in_one_launch(script: str, out: Path, epochs: int = 1000) -> list[TrialResult]:
+    """The script's own setting, then each of SWAPPED, in one launch of ``script`` (which writes
+    its epochs to ``out``); every trial ok."""
+    runner = ScriptRunner(SCRIPTS / script, [str(out), str(epochs)])
     limits = Limits(timeout_s=60, startup_s=30, hang_s=5)
     try:
         base = runner.run(None, window=window_for(Config(1), window_s=0.3), limits=limits)
@@ -242,6 +239,16 @@ def test_many_settings_run_in_one_process_and_each_epoch_holds_every_sample_once
     finally:
         runner.close()
     assert base.ok and all(r.ok for r in results), [r.failure for r in results]
+    return results
+
+
+def test_many_settings_run_in_one_process_and_each_epoch_holds_every_sample_once(
+    tmp_path: Path,
+) -> None:
+    """counts.py records what its loop receives per epoch; the settings change batch size and
+    workers under it, in one process."""
+    out = tmp_path / "counts.jsonl"
+    results = _swapped_in_one_launch("counts.py", out)
     assert [r.config for r in results] == SWAPPED
     assert [r.epoch_samples for r in results] == [600] * 4
     # each swapped setting says what its own loader ran with, and the search checked it
@@ -266,17 +273,7 @@ def test_a_loop_that_catches_a_bad_records_error_goes_on_through_every_setting(
     batches'. Before, the epoch ended at the first error, and the trials with workers failed as
     "a worker or the step hung" (a new user's search then recommended no workers)."""
     out = tmp_path / "counts.jsonl"
-    runner = ScriptRunner(SCRIPTS / "bad_records.py", [str(out), "400"])
-    limits = Limits(timeout_s=60, startup_s=30, hang_s=5)
-    try:
-        base = runner.run(None, window=window_for(Config(1), window_s=0.3), limits=limits)
-        results = [
-            runner.run(c, window=window_for(c, window_s=0.3), limits=limits) for c in SWAPPED
-        ]
-        assert runner.n_launches == 1
-    finally:
-        runner.close()
-    assert base.ok and all(r.ok for r in results), [r.failure for r in results]
+    _swapped_in_one_launch("bad_records.py", out, epochs=400)
     epochs = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(epochs) >= 3
     for epoch in epochs:
