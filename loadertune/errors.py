@@ -107,7 +107,7 @@ class SearchInterrupted(LoadertuneError, KeyboardInterrupt):
         after "interrupted" (" as it finished"); ``fresh``: the search was told to start its
         study afresh (``--fresh``), which the same command would do again."""
         how = (
-            "run it again with --resume instead of --fresh (resume=True) to resume"
+            "run it again with --resume instead of --fresh (in code: resume=True) to resume"
             if fresh
             else "run the same command again to resume"
         )

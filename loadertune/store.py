@@ -128,13 +128,15 @@ def read(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise RecommendationFileError(
             f'{path} is not a loadertune recommendation file (no "schema": "{SCHEMA}"). '
-            "Choose another file with --out, or pass --force to replace it (keeping a copy)."
+            "Choose another file (search's --out, run's and show's --file), or replace it "
+            "with `loadertune search --force` (keeping a copy)."
         )
     version = doc.get("schema_version")
     if not isinstance(version, int) or version > SCHEMA_VERSION or version < 1:
         raise RecommendationFileError(
             f"{path} has schema_version {version!r}; this loadertune reads version "
-            f"{SCHEMA_VERSION}. Upgrade loadertune, or use another file with --out."
+            f"{SCHEMA_VERSION}. Upgrade loadertune, or use another file (search's --out, run's "
+            "and show's --file)."
         )
     if not isinstance(doc.get("machines"), dict):
         raise RecommendationFileError(f'{path} has no "machines" object; the file is damaged.')

@@ -85,6 +85,16 @@ def test_one_sub_windows_spread_is_unknown_not_zero() -> None:
     assert one.measurement.to_dict()["spread"] is None
 
 
+def test_a_trial_line_shows_the_epoch_rate_where_it_differs() -> None:
+    """The search ranks by the epoch rate (each epoch's start-up counted): where it differs
+    from the steady rate by more than a tenth, the line shows it too."""
+    startup = dataclasses.replace(OK, epoch_samples=500)  # 0.01 s of first batch per epoch
+    assert startup.epoch_samples_per_s is not None
+    assert startup.epoch_samples_per_s < 0.9 * (startup.samples_per_s or 0)
+    assert f"({startup.epoch_samples_per_s:,.0f} per epoch)" in trial_line(startup)
+    assert "per epoch" not in trial_line(OK)  # no epoch length: one figure
+
+
 def test_trial_line_failed() -> None:
     line = trial_line(FAILED)
     assert "bs=128 w=8 pf=4" in line

@@ -779,6 +779,31 @@ def test_batch_size_candidates_are_searched(tmp_path, hw) -> None:
     assert best_at_32 is not None and best_at_32.batch_size == 32
 
 
+def test_a_batch_size_past_the_epoch_is_left_out_and_said(tmp_path, hw) -> None:
+    """``--batch-sizes 64,100000`` on 384 samples an epoch: 100000 makes one short batch an
+    epoch (none with drop_last); it had sat in the space, never tried and never mentioned."""
+    notes: list[str] = []
+    observer = SimpleNamespace(
+        search_started=lambda *a: None,
+        phase=lambda *a: None,
+        trial_started=lambda *a: None,
+        trial_finished=lambda *a: None,
+        note=notes.append,
+    )
+    runner = FakeRunner(io_landscape, epoch_samples=384)
+    outcome = Search(
+        runner,
+        hardware=hw,
+        baseline=Config(64),
+        batch_sizes=[64, 100_000],
+        settings=settings(tmp_path, n_trials=4),
+        observer=observer,  # type: ignore[arg-type]
+    ).run()
+    assert outcome.space.batch_sizes == (64,)
+    assert all(c.batch_size == 64 for _, c in runner.log if c is not None)
+    assert "batch size 100000 left out of the search: an epoch holds 384 samples" in notes
+
+
 def test_bad_storage_url_is_a_clear_error(tmp_path, hw) -> None:
     with pytest.raises(ConfigError, match="not a storage Optuna can open"):
         Search(

@@ -177,6 +177,22 @@ class Opening:
             if self.observer:
                 self.observer.note(f"batch size left out of the search: {fixed}")
 
+    def _leave_out_past_the_epoch(self, epoch_samples: int | None) -> None:
+        """Batch sizes offered above the samples of an epoch (``--batch-sizes 100000`` on 384
+        samples) make one short batch an epoch, or none with ``drop_last``: left out, and said
+        (they had sat in the space, never tried and never mentioned)."""
+        if not epoch_samples:
+            return
+        past = [b for b in self._batch_sizes if b > epoch_samples and b != self.baseline.batch_size]
+        if not past:
+            return
+        self._batch_sizes = tuple(b for b in self._batch_sizes if b not in past)
+        if self.observer:
+            sizes = ", ".join(map(str, past))
+            self.observer.note(
+                f"batch size {sizes} left out of the search: an epoch holds {epoch_samples} samples"
+            )
+
     def _probe(
         self,
     ) -> tuple[TrialResult, TrialResult | None, TrialResult | None, TrialResult | None]:
@@ -189,6 +205,7 @@ class Opening:
         ceilings) rather than ending the search.
         """
         base = self._kept_trial("baseline") or self._measure_baseline()
+        self._leave_out_past_the_epoch(base.epoch_samples)
         # The probe's figures are per sample: at the smallest batch offered its trials take the
         # least time (slow loading at a large batch takes seconds a batch).
         bs = min(self.batch_sizes)
