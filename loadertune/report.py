@@ -417,8 +417,11 @@ def summary_lines(rec: Recommendation | Mapping[str, Any]) -> list[str]:
         and at_bs_kwargs["batch_size"] != kwargs["batch_size"]
     ):
         at_rate = (at_bs or {}).get("samples_per_s")
+        # your own settings, where nothing else at your batch size beat them (it had read as
+        # a setting found, "best at your batch size: bs=64 w=0", for the baseline itself)
+        own = " (your own settings)" if at_bs_kwargs == _baseline_kwargs(entry) else ""
         lines.append(
-            f"best at your batch size: {Config.from_kwargs(at_bs_kwargs).label()} "
+            f"best at your batch size: {Config.from_kwargs(at_bs_kwargs).label()}{own} "
             f"{_rate(at_rate)} samples/s{_at_batch_size_note(entry, at_bs_kwargs, at_rate)}; "
             "the winner changes the batch size, so scale the learning rate with it (linearly "
             "or by its square root)"

@@ -266,6 +266,11 @@ def test_a_best_at_your_batch_size_faster_than_the_winner_says_why_it_lost() -> 
     assert "side by side in the final rounds, ahead of the winner there" in line
     assert "the winner leads over the whole search" in line and "lost" not in line
     assert "side by side" not in line_of(_recommendation())  # 3,000 < the winner's 4,000
+    assert "(your own settings)" not in line_of(_recommendation())
+    own = {"loader_kwargs": Config(64).loader_kwargs(), "samples_per_s": 1000.0}  # the baseline
+    assert line_of(_recommendation(best_at_batch_size=own)).startswith(
+        "best at your batch size: bs=64 w=0 (your own settings) 1,000 samples/s"
+    )
 
 
 def test_summary_lines_say_when_the_budget_held_too_few_trials() -> None:
