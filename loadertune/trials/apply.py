@@ -33,7 +33,6 @@ from loadertune.trials import lifeline
 from loadertune.trials import loader as dl
 from loadertune.trials.identity import (
     LoaderRecord,
-    framework_difference,
     matches_site,
     nth,
     ordinal,
@@ -87,15 +86,12 @@ class SavedEntry:
         if self.key is None:
             return None
         same = same_code(record.identity, record.lines, self.key, self.lines)
-        if same is not None:  # the code decides, wherever its lines are now
-            if same:
-                return None
-            other = framework_difference(record.identity, self.key)
-            if other is not None:  # (a Trainer's evaluation loader had been told its code
-                # "reads otherwise now than when it was measured": it was another loader)
-                return f"it was created by {other[0] or 'your code'}, the entry's loader by " + (
-                    other[1] or "your code"
-                )
+        if same:  # the code decides, wherever its lines are now
+            return None
+        # Other code of the framework's (a Trainer's evaluation loader, built at the line of its
+        # training loader) is another loader, not an edit: it had been told its code "reads
+        # otherwise now than when it was measured". The framework's functions alone compared:
+        if same is False and same_key(record.identity, self.key, user_frames=0):
             return "its code reads otherwise now than when it was measured"
         if not same_key(record.identity, self.key, user_frames=2):
             pairs = zip(record.identity, self.key, strict=False)
@@ -154,7 +150,7 @@ class ApplySaved:
                 self._said.add(said)
                 other = entry.key is not None and (  # another loader there, not an edit
                     ordinal(record.identity) != ordinal(entry.key)
-                    or framework_difference(record.identity, entry.key) is not None
+                    or not same_key(record.identity, entry.key, user_frames=0)
                 )
                 hint = (
                     ""

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
 import linecache
 import os
 import re
@@ -299,17 +298,6 @@ def same_code(
         and files == [os.path.basename(y.rpartition(":")[0]) for y in user_b]
         and texts_a == texts_b
     )
-
-
-def framework_difference(a: Sequence[str], b: Sequence[str]) -> tuple[str, str] | None:
-    """The first of the framework's functions in which key ``a`` differs from key ``b`` (``a``'s,
-    ``b``'s; "" where one has fewer), or None when they have the same: two loaders a framework
-    builds at one line of the user's, its training loader and its evaluation loader."""
-    framework_a, framework_b = _split(a, 0)[0], _split(b, 0)[0]
-    if framework_a == framework_b:
-        return None
-    pairs = itertools.zip_longest(framework_a, framework_b, fillvalue="")
-    return next((x, y) for x, y in pairs if x != y)
 
 
 def _split(key: Sequence[str], user_frames: int | None) -> tuple[list[str], list[str]]:
