@@ -11,7 +11,8 @@ the winner runs to the end of the training and is saved to the recommendation fi
 machine's key, where ``loadertune run`` and :func:`~loadertune.load_recommendation` find it.
 Every batch is a real training batch, each sample handed over once per epoch (see
 :mod:`loadertune.trials.hotswap` for how, and what differs from an untuned run); a failing
-setting gives way to the last good one.
+setting gives way to the last good one; a bad record that setting cannot load either goes to the
+loop, as torch raises it, and the trial goes on (``HotSwap._bad_record``).
 """
 
 from __future__ import annotations

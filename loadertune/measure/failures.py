@@ -39,6 +39,8 @@ class FailureKind(str, Enum):
     WORKER_CRASHED = "worker_crashed"
     # The user's own code raised (user bugs)
     DATASET_ERROR = "dataset_error"
+    # ... with one setting only: the last good setting loaded the batch (a live run's check)
+    DATASET_ERROR_WITH_SETTING = "dataset_error_with_setting"
     STEP_ERROR = "step_error"
     SCRIPT_ERROR = "script_error"
     # Seen by the runners and their supervisor
@@ -267,6 +269,26 @@ def at_another_batch_size(failure: Failure, batch_size: int, own: int) -> Failur
         f"{failure.message} (with batch size {batch_size}; its own is {own})",
         f"the training code fails with batch size {batch_size} (does it assume {own}?): "
         "the search leaves that batch size out; see the traceback",
+        detail=failure.detail,
+    )
+
+
+def with_this_setting_only(failure: Failure, loaded_with: str) -> Failure:
+    """``failure``, the dataset's error for a batch that the setting ``loaded_with`` (a label)
+    loaded: this setting's failure, not a bug of the data's. A dataset may hold state that does
+    not survive the workers' start (an open file or connection, a handle made in the main
+    process); the search leaves the setting out and goes on."""
+    if failure.kind != FailureKind.DATASET_ERROR:
+        return failure
+    return Failure(
+        FailureKind.DATASET_ERROR_WITH_SETTING,
+        failure.message.replace(
+            "; this is a bug in the dataset, not a tuning problem",
+            f" with this setting only: the same batch loads with {loaded_with}",
+        ),
+        "the dataset fails with this setting: does it hold state that does not survive the "
+        "workers' start (an open file, a connection)? Open it in each worker (on first use, or "
+        "in worker_init_fn); see the traceback",
         detail=failure.detail,
     )
 

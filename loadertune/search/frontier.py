@@ -33,6 +33,9 @@ def dominated(config: Config, failed: Config, kind: str) -> bool:
         return config.num_workers > 0
     if config == failed:  # the same setting fails the same way: never run it twice
         return True
+    if kind == "dataset_error_with_setting" and failed.num_workers:  # state lost at the
+        # workers' start (a handle made in the main process): as many workers lose it too
+        return config.num_workers >= failed.num_workers
     if kind == "batch_size_rejected":  # the user's code fails at this batch size, any loading
         return config.batch_size == failed.batch_size
     if kind == "oom":  # GPU memory grows with the batch, not the workers

@@ -55,6 +55,7 @@ search never changes it: the batch sampler decides).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -114,6 +115,7 @@ class Outcome:
     bytes_per_sample: float | None = None
     transfer: dict[str, float] | None = None
     worker_signals: tuple[int, ...] = ()
+    loaded_with: Config | None = None  # the setting that loaded the batch ``error`` was for
     ran: dict[str, Any] = field(default_factory=dict)  # what its loader ran with (Segment.ran)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -146,6 +148,7 @@ class _Run:
         self.replayed = replayed  # the replay's one batch, handed over again and again
         self.it: Iterator[Any] | None = None
         self.draining = False  # handing over its batches in flight before the next step
+        self.loaded_with: Config | None = None  # a setting that loaded the batch it raised for
         if step.window is not None:
             self.meter = Meter(
                 step.window,
@@ -320,7 +323,13 @@ class HotSwap:
                     self._close(run)
                     _internals.forget_deaths()
                     continue
-                if not self.fall_back or run is None or run.meter is None or self.good is None:
+                if (
+                    not self.fall_back
+                    or run is None
+                    or run.meter is None
+                    or self.good is None
+                    or self._bad_record(run, exc)
+                ):
                     if run is not None:
                         run.segment.passed_on(exc)  # to the script, which may go on
                     raise
@@ -454,13 +463,48 @@ class HotSwap:
         if not keep or run.it is None:
             self._close(run)
 
+    def _bad_record(self, run: _Run, exc: BaseException) -> bool:
+        """Whether the batch ``run``'s measured setting raised for (the dataset's or
+        ``collate_fn``'s error) raises with the last good setting too: a bad record, which no
+        setting loads. Its error then goes to the script, which may skip the batch and go on
+        (torch's iterator goes on), and so does the measured step: the search had stopped at
+        the first bad record. Otherwise the setting caused it (a dataset whose state does not
+        survive the workers' start), and it fails; :meth:`_failed` says so. The check loads
+        that one batch once more, at the script's position; its time is left out of the
+        window."""
+        if run.step.phase == "replay" or not run.segment.ends_batch(exc) or self.good is None:
+            return False
+        meter = run.meter
+        assert meter is not None
+        since, t = meter.place(), time.perf_counter()
+        good = self.good
+        if self.regroup and good.batch_size != run.step.config.batch_size:
+            good = dataclasses.replace(good, batch_size=run.step.config.batch_size)
+        check = Segment(
+            self.loader, good, regroup=self.regroup, timeout_s=run.step.worker_timeout_s
+        )
+        check.order = self._order
+        try:
+            check.first_batch_unreceived()
+            bad = False
+        except Exception:
+            bad = True
+        finally:
+            check.close()
+            _internals.forget_deaths()
+        meter.left_out(time.perf_counter() - t, since)
+        run.loaded_with = None if bad else good
+        return bad
+
     def _failed(self, run: _Run, exc: BaseException) -> None:
         """A measured setting's loader raised: report it, take it down, fall back."""
         signals = _internals.dead_worker_signals(run.segment.iterator, exc)
         run.meter = None
         self._close(run)
         _internals.forget_deaths()
-        self.conductor.finished(Outcome(run.step, error=exc, worker_signals=signals))
+        self.conductor.finished(
+            Outcome(run.step, error=exc, worker_signals=signals, loaded_with=run.loaded_with)
+        )
 
     def _close(self, run: _Run) -> None:
         run.it = None

@@ -225,6 +225,10 @@ class LiveConductor:
                 worker_signals=outcome.worker_signals,
                 num_workers=config.num_workers,
             )
+            if outcome.loaded_with is not None:
+                result.failure = failures.with_this_setting_only(
+                    result.failure, outcome.loaded_with.label()
+                )
         sup.__exit__(None, None, None)
         result.cuda_peak_allocated_bytes, result.cuda_peak_reserved_bytes = dl.cuda_peaks()
         result.cuda_capacity_bytes = dl.cuda_capacity()

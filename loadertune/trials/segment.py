@@ -254,10 +254,14 @@ class Segment:
         worker") ends that batch, and the iterator goes on with the next: the position moves
         past it, as it does past a batch received. A worker's death or a timeout ends no batch:
         whatever comes next fetches it again."""
-        consumed = not self.config.num_workers or failures.raised_in_worker(str(exc))
-        if consumed and self.sampler.emitted and self.order is not None:
+        if self.ends_batch(exc) and self.sampler.emitted and self.order is not None:
             self.sampler.delivered()
             self.order.given += 1
+
+    def ends_batch(self, exc: BaseException) -> bool:
+        """Whether ``exc``, which ``next()`` on this segment raised, is one batch's error (the
+        dataset's or ``collate_fn``'s: see :meth:`passed_on`), not the loader's."""
+        return not self.config.num_workers or failures.raised_in_worker(str(exc))
 
     def count(self, batch: Any, index: int) -> int:
         """The meter's sample count: the batch the segment handed over last."""
