@@ -204,6 +204,42 @@ def test_a_custom_batch_sampler_keeps_its_batches(drain: bool) -> None:
     assert batches == [list(b) for _ in range(2) for b in sampler]
 
 
+class Buckets(torch.utils.data.Sampler):
+    """A batch sampler of its own (bucketing by length, say): batches of 5 and 9 samples, a
+    length, and no ``batch_size``."""
+
+    def __init__(self, n: int) -> None:
+        self.batches, start = [], 0
+        for size in itertools.cycle([5, 9]):
+            if start >= n:
+                break
+            self.batches.append(list(range(start, min(n, start + size))))
+            start += size
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+def test_a_batch_samplers_epoch_length_comes_from_its_batches() -> None:
+    """Its samples per epoch are the batches' (a search then tries persistent workers, and
+    ranks by the per-epoch rate); they were unknown without a ``batch_size``."""
+    loader = DataLoader(Indices(300), batch_sampler=Buckets(300))
+    configs = [Config(1), Config(1, 2, 2, persistent_workers=True), Config(1, 1, 2)]
+    conductor = Listed(configs, window_s=0.1)
+    swap = HotSwap(loader, conductor, fall_back=False)
+    epochs = epochs_through(swap, conductor)
+    assert all(sorted(e) == list(range(300)) for e in epochs)
+    assert len(conductor.outcomes) == 3
+    for outcome in conductor.outcomes:
+        assert outcome.epoch_samples is not None
+        assert abs(outcome.epoch_samples - 300) <= 15, outcome.epoch_samples
+    persistent = conductor.outcomes[1].measurement
+    assert persistent is not None and persistent.reentry_s  # its next epoch's start, timed
+
+
 class Fragile(Indices):
     """A worker of a loader with 3 workers is killed (SIGKILL), as the OOM killer does."""
 

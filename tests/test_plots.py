@@ -98,6 +98,33 @@ def test_without_its_study_the_report_says_so_and_uses_the_file(searched, tmp_pa
 
 
 @pytest.mark.slow
+def test_where_a_batch_sampler_decides_no_trial_or_plot_names_a_batch_size(
+    searched, tmp_path
+) -> None:
+    """A loader whose batch sampler makes the batches: its trials record batch size 1 and its
+    entry none. The report's table and plots said "bs=1" and "batch 1" (a new user's batches
+    were 32), and drew no winner (its setting, without a batch size, was not read)."""
+    path, _ = searched
+    doc = json.loads(path.read_text())
+    for machine in doc["machines"].values():
+        for entry in machine["workloads"].values():
+            entry["workload"]["batch_size_fixed"] = "the loader's batch_sampler decides"
+            entry["loader_kwargs"].pop("batch_size")
+            entry["baseline"]["loader_kwargs"].pop("batch_size")
+            for t in entry["trials"]:
+                t["params"]["batch_size"] = 1
+    sampled = tmp_path / "sampled.json"
+    sampled.write_text(json.dumps(doc))
+    data = load(str(sampled))
+    assert data.winner is not None and data.baseline is not None
+    assert all(t.label.startswith("bs=sampler") for t in data.trials)
+    page = write_report(data, tmp_path / "r.html")[0].read_text()
+    assert "the batch sampler's batches: median" in page
+    assert "winner: median of its final rounds" in page
+    assert "bs=1 " not in page and "batch 1" not in page
+
+
+@pytest.mark.slow
 def test_the_report_finds_its_study_after_a_fresh_search_replaced_it(searched, tmp_path) -> None:
     """A fresh search of the same study name (another ``--out``) replaced the entry's study:
     the report reads the copy kept of it, not the newer search's trials."""

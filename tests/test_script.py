@@ -511,6 +511,27 @@ def test_a_batch_sampler_gets_each_batch_size_in_a_fresh_process() -> None:
     assert ran[1]["pid"] == ran[2]["pid"] != ran[3]["pid"]
 
 
+def test_a_batch_sampler_without_a_batch_size_tells_the_epochs_samples_by_its_batches() -> None:
+    """A bucketing batch sampler of the script's own (a length, no ``batch_size``): the
+    epoch's samples come from its batches, in the baseline (the loader's own iterator) and in
+    the swapped settings after it, so the search tries persistent workers and ranks by the
+    per-epoch rate. They were unknown, and persistent workers never tried."""
+    runner = ScriptRunner(SCRIPTS / "bucket_sampler.py")
+    limits = Limits(timeout_s=60, startup_s=30, hang_s=5)
+    configs = [None, Config(1, 1, 2, persistent_workers=True), Config(1, 0)]
+    try:
+        results = [
+            runner.run(c, window=window_for(c or Config(1), window_s=0.3), limits=limits)
+            for c in configs
+        ]
+    finally:
+        runner.close()
+    assert all(r.ok for r in results), [r.failure for r in results]
+    assert runner.n_launches == 1
+    assert runner.epoch_samples == 1000
+    assert all(r.epoch_samples == 1000 for r in results), [r.epoch_samples for r in results]
+
+
 def test_a_loader_without_automatic_batching_keeps_its_batches_in_every_trial() -> None:
     """``batch_size=None``: the dataset's items are the batches. A trial applies its workers
     and prefetch, never a batch size (settings say 1: re-batched by it, every batch would

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loadertune import hardware, store
-from loadertune.config import Config
+from loadertune.config import Config, kwargs_label
 from loadertune.errors import ConfigError, LoadertuneError, RecommendationFileError
 from loadertune.search.study import stored_trials, study_of_entry
 from loadertune.units import MIB
@@ -51,6 +51,7 @@ class Trial:
     cpu_percent_main: float | None = None
     cpu_percent_workers: float | None = None
     gpu_util_percent: list[int] = field(default_factory=list)
+    sampler_decides: bool = False  # the loader's batch sampler makes the batches, not batch_size
 
     @property
     def measured(self) -> bool:
@@ -64,7 +65,7 @@ class Trial:
 
     @property
     def label(self) -> str:
-        return self.config.label()
+        return _label(self.config, self.sampler_decides)
 
 
 @dataclass
@@ -119,17 +120,39 @@ class ReportData:
     def batch_sizes(self) -> list[int]:
         return sorted({t.config.batch_size for t in self.measured})
 
+    @property
+    def sampler_decides(self) -> bool:
+        """The loader's batch sampler makes its batches: its trials' batch size (1) says
+        nothing."""
+        return any(t.sampler_decides for t in self.trials)
+
+    def label(self, config: Config) -> str:
+        """``config``'s label (``bs=sampler`` where the batch sampler decides)."""
+        return _label(config, self.sampler_decides)
+
+    def batch_name(self, batch_size: int) -> str:
+        """A plot's name for the trials of ``batch_size``."""
+        return "the batch sampler's batches" if self.sampler_decides else f"batch {batch_size}"
+
     def rounds(self, which: str) -> list[float]:
         """Every rate measured of the winner or the baseline (``which``) in the final rounds."""
         figures = self.entry.get(which) or {}
         return [float(r) for r in figures.get("rounds_samples_per_s") or [] if r is not None]
 
 
+def _label(config: Config, sampler_decides: bool) -> str:
+    if sampler_decides:
+        return kwargs_label({**config.loader_kwargs(), "batch_size": None})
+    return config.label()
+
+
 def _config(kwargs: object) -> Config | None:
-    if not isinstance(kwargs, dict) or "batch_size" not in kwargs:
+    """The setting of a trial's ``params`` or an entry's ``loader_kwargs`` (those of a loader
+    whose batch sampler decides have no batch size: 1, as its trials record)."""
+    if not isinstance(kwargs, dict) or "num_workers" not in kwargs:
         return None
     try:
-        return Config.from_kwargs(kwargs)
+        return Config.from_kwargs(kwargs, batch_size=kwargs.get("batch_size", 1))
     except (ConfigError, TypeError, ValueError):
         return None
 
@@ -229,6 +252,9 @@ def load(
     machine, workload, entry = pick_entry(path, machine=machine, workload=workload)
     raw = [r for r in entry["trials"] if isinstance(r, dict) and _config(r.get("params"))]
     trials = [t for i, r in enumerate(raw, 1) if (t := _trial(i, r)) is not None]
+    fixed = bool((entry.get("workload") or {}).get("batch_size_fixed"))
+    for t in trials:
+        t.sampler_decides = fixed  # (its batch size, 1, says nothing)
     search = entry.get("search") or {}
     name, url = study or search.get("study_name"), storage or search.get("storage")
     note = "the study is not named in the entry: figures from the file only"

@@ -81,7 +81,7 @@ def rate_figure(data: ReportData) -> go.Figure:
     dashed lines, the winner and the baseline ringed."""
     fig = go.Figure()
     for series in rate_series(data):
-        _add_series(fig, series)
+        _add_series(fig, series, data.batch_name(series.batch_size))
     _add_final_marks(fig, data)
     above = _ceiling_lines(fig, data)
     far = f"<br><sup>off the scale: ceiling {html.escape('; '.join(above))}</sup>" if above else ""
@@ -96,7 +96,7 @@ def rate_figure(data: ReportData) -> go.Figure:
     return fig
 
 
-def _add_series(fig: go.Figure, series: RateSeries) -> None:
+def _add_series(fig: go.Figure, series: RateSeries, name: str) -> None:
     """One batch size's measurements (markers by phase, sub-window error bars) and medians."""
     bs = series.batch_size
     errs = [spread(t) for t in series.trials]
@@ -105,7 +105,7 @@ def _add_series(fig: go.Figure, series: RateSeries) -> None:
             x=[t.config.num_workers for t in series.trials],
             y=[t.samples_per_s for t in series.trials],
             mode="markers",
-            name=f"batch {bs}: each measurement",
+            name=f"{name}: each measurement",
             uid=f"trials-bs{bs}",
             legendgroup=f"bs{bs}",
             marker={
@@ -133,7 +133,7 @@ def _add_series(fig: go.Figure, series: RateSeries) -> None:
             y=series.median_y,
             mode="lines+markers",  # a marker too: a median of one worker count is a dash
             marker={"symbol": "line-ew-open", "size": 18},
-            name=f"batch {bs}: median",
+            name=f"{name}: median",
             uid=f"median-bs{bs}",
             legendgroup=f"bs{bs}",
             hoverinfo="skip",
@@ -159,7 +159,7 @@ def _add_final_marks(fig: go.Figure, data: ReportData) -> None:
                 name=f"{label}: median of its final rounds",
                 uid=f"mark-{label.split()[0]}",
                 marker={"size": 16, "symbol": symbol, "color": "black"},
-                hovertext=[html.escape(f"{label}: {config.label()}")],
+                hovertext=[html.escape(f"{label}: {data.label(config)}")],
                 hoverinfo="text",
             )
         )

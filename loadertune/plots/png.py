@@ -62,7 +62,7 @@ def rate_png(data: ReportData) -> Figure:
                 capsize=2,
                 linewidth=0.8,
             )
-        ax.plot([], [], "o-", color=color, label=f"batch {series.batch_size}")
+        ax.plot([], [], "o-", color=color, label=data.batch_name(series.batch_size))
     for label, config, rounds, marker in (
         ("winner", data.winner, data.rounds("winner"), "*"),
         ("baseline", data.baseline, data.rounds("baseline"), "X"),
@@ -145,7 +145,7 @@ def memory_png(data: ReportData) -> Figure | None:
     fig, ax = plt.subplots(figsize=(8, 3.6), dpi=110)
     for bs in sorted({t.config.batch_size for t, _ in pts}):
         group = [(t.config.num_workers, mib) for t, mib in pts if t.config.batch_size == bs]
-        ax.scatter(*zip(*group, strict=True), label=f"batch {bs}")
+        ax.scatter(*zip(*group, strict=True), label=data.batch_name(bs))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     return _finish(
         fig,

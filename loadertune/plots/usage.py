@@ -28,7 +28,7 @@ def memory_figure(data: ReportData) -> go.Figure | None:
                 x=[t.config.num_workers for t in group],
                 y=[pss_mib(t) for t in group],
                 mode="markers",
-                name=f"batch {bs}",
+                name=data.batch_name(bs),
                 uid=f"pss-bs{bs}",
                 marker={"size": 9},
                 hovertext=[hover(t) for t in group],

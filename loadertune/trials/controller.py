@@ -377,7 +377,8 @@ class TrialController:
             if self.swap.current is not None:
                 ran = {**self.swap.current.segment.ran(), "loaders": len(self._swap_loaders)}
         elif self.target is not None:
-            epoch_samples = dl.epoch_samples(self.target.loader)
+            mean_batch = m.n_samples / m.n_batches if m.n_batches else None
+            epoch_samples = dl.epoch_samples(self.target.loader, mean_batch)
             ran = self.target.ran()
         epoch_samples = self.epoch_lengths.scale(epoch_samples)
         self.chan.send(

@@ -213,6 +213,7 @@ class HotSwap:
         self._order: EpochOrder | None = None
         self._pending: list[Any] = []  # batches fetched already, handed over first
         self._deferred: Step | None = None  # came at an epoch's end: starts with the next
+        self._sampler_samples: int | None = None  # an epoch of a batch sampler's own batches
 
     # -- what the script iterates ----------------------------------------------------------------
 
@@ -338,9 +339,16 @@ class HotSwap:
     # -- steps -----------------------------------------------------------------------------------
 
     def epoch_samples(self, config: Config) -> int | None:
-        """Samples per epoch with ``config`` (None: unknown, or the batch sampler decides)."""
+        """Samples per epoch with ``config`` (None: unknown). Where the script's batch sampler
+        decides, its own: from its ``batch_size``, or else from its batches
+        (:meth:`EpochOrder.samples`)."""
         if not self.regroup:
-            return None
+            known = dl.epoch_samples(self.loader)
+            if known is None and self._order is not None:
+                # (an epoch just begun has taken no batch yet: the last epoch's figure)
+                self._sampler_samples = self._order.samples() or self._sampler_samples
+                return self._sampler_samples
+            return known
         try:
             n = len(self.loader.sampler)  # type: ignore[arg-type]
         except TypeError:
@@ -351,7 +359,7 @@ class HotSwap:
         """The batches a whole epoch gives ``step``'s setting (the script may count on no more:
         ``keep_length``); None where the batch sampler decides or the length is unknown."""
         n = self.epoch_samples(step.config)
-        if not n:
+        if not n or not self.regroup:
             return None
         batches = -(-n // step.config.batch_size)  # (with drop_last, n holds whole batches)
         limit = self._limit()
@@ -391,8 +399,11 @@ class HotSwap:
         if self.current is not None:
             self._close(self.current)
         if self.epoch_samples(step.config) == 0:
-            n = len(self.loader.sampler)  # type: ignore[arg-type]
-            why = f"drop_last=True with {n} samples < batch_size {step.config.batch_size}"
+            if self.regroup:
+                n = len(self.loader.sampler)  # type: ignore[arg-type]
+                why = f"drop_last=True with {n} samples < batch_size {step.config.batch_size}"
+            else:
+                why = dl.why_no_batches(self.loader) or "its batch sampler yields no batch"
             self.conductor.finished(Outcome(step, no_batches=why, epoch_samples=0))
             return None
         segment = Segment(

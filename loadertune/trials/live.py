@@ -200,8 +200,10 @@ class LiveConductor:
             return True
         config = outcome.step.config
         epoch_samples = self.runner.epoch_lengths.scale(outcome.epoch_samples)
-        if epoch_samples and epoch_samples < (self.runner.epoch_samples or 0):
-            self.runner.epoch_samples = epoch_samples  # the loop ends its epochs early
+        known = self.runner.epoch_samples
+        if epoch_samples and (known is None or epoch_samples < known):
+            # the loop ends its epochs early, or a batch sampler's batches told the length
+            self.runner.epoch_samples = epoch_samples
             self.runner.loader_info["epoch_samples"] = epoch_samples
         result = TrialResult(config, phase=slot.request.phase, epoch_samples=epoch_samples)
         sup = slot.sup

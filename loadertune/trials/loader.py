@@ -157,16 +157,17 @@ def batches_per_epoch(loader: DataLoader[Any]) -> int | None:
         return None
 
 
-def epoch_samples(loader: DataLoader[Any]) -> int | None:
+def epoch_samples(loader: DataLoader[Any], mean_batch: float | None = None) -> int | None:
     """Samples per epoch; None when unknown (an iterable without ``__len__``, a batch sampler
-    without ``__len__`` or ``batch_size``)."""
+    without ``__len__``, or without ``batch_size`` when no ``mean_batch`` was seen: the mean
+    samples of the batches it gave, as a bucketing sampler of the user's own gives them)."""
     if isinstance(loader.dataset, IterableDataset):
         try:
             return len(loader.dataset)  # type: ignore[arg-type]
         except TypeError:
             return None
     if loader.batch_size is None:  # a user batch_sampler, or no automatic batching
-        return _batch_sampler_samples(loader.batch_sampler)
+        return _batch_sampler_samples(loader.batch_sampler, mean_batch)
     try:
         n = len(loader.sampler)  # type: ignore[arg-type]
     except TypeError:
@@ -174,9 +175,10 @@ def epoch_samples(loader: DataLoader[Any]) -> int | None:
     return n // loader.batch_size * loader.batch_size if loader.drop_last else n
 
 
-def _batch_sampler_samples(batch_sampler: Any) -> int | None:
+def _batch_sampler_samples(batch_sampler: Any, mean_batch: float | None = None) -> int | None:
     """Samples an epoch of ``batch_sampler`` yields: exact for torch's ``BatchSampler``, else
-    its batches times its ``batch_size`` (a shard pads its last batch to full size)."""
+    its batches times its ``batch_size`` (a shard pads its last batch to full size), or times
+    ``mean_batch`` without one."""
     if batch_sampler is None:
         return None
     if type(batch_sampler) is BatchSampler:
@@ -191,7 +193,9 @@ def _batch_sampler_samples(batch_sampler: Any) -> int | None:
         batches = len(batch_sampler)
     except TypeError:
         return None
-    return batches * per_batch if isinstance(per_batch, int) and per_batch > 0 else None
+    if isinstance(per_batch, int) and per_batch > 0:
+        return batches * per_batch
+    return round(batches * mean_batch) if mean_batch else None
 
 
 def why_no_batches(loader: DataLoader[Any]) -> str | None:

@@ -391,8 +391,10 @@ class ScriptRunner(BaseRunner):
         result.cuda_capacity_bytes = msg["cuda_capacity"]
         result.transfer = msg["transfer"]
         result.epoch_samples = msg.get("epoch_samples") or result.epoch_samples
-        if result.epoch_samples and result.epoch_samples < (self.epoch_samples or 0):
-            self.epoch_samples = result.epoch_samples  # the script's loop ends its epochs early
+        known = self.epoch_samples
+        if result.epoch_samples and (known is None or result.epoch_samples < known):
+            # the script's loop ends its epochs early, or a batch sampler's batches told it
+            self.epoch_samples = result.epoch_samples
         self.bytes_per_sample = msg["bytes_per_sample"] or self.bytes_per_sample
         self._check_ran(msg["ran"], result)
         if result.failure is not None:

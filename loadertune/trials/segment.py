@@ -69,6 +69,7 @@ class EpochOrder:
         self._units: list[Any] = []
         self._base = 0  # the epoch index of _units[0]
         self._exhausted = False
+        self._sizes = [0, 0]  # units taken that have a length (batches), and their samples
         self.position = 0
         self.given = given
         self._limit = limit
@@ -109,10 +110,27 @@ class EpochOrder:
         end = start + n - self._base
         while len(self._units) < end and not self._exhausted:
             try:
-                self._units.append(next(self._it))
+                unit = next(self._it)
             except StopIteration:
                 self._exhausted = True
+                break
+            self._units.append(unit)
+            if hasattr(unit, "__len__"):
+                self._sizes[0] += 1
+                self._sizes[1] += len(unit)
         return self._units[start - self._base : end]
+
+    def samples(self) -> int | None:
+        """The samples of the whole epoch where its units are a custom batch sampler's batches,
+        whose ``batch_size`` the loader does not know (a bucketing sampler of its own): exact
+        once the batch sampler is exhausted, before that its length times the mean batch taken
+        so far; None before any (or without a length)."""
+        batches, samples = self._sizes
+        if not batches:
+            return None
+        if self._exhausted:
+            return samples
+        return round(self.length * samples / batches) if self.length else None
 
     def forget_received(self) -> None:
         """Drop the units the script has received: no segment will read them again."""
