@@ -17,6 +17,7 @@ from loadertune.measure.failures import FailureKind
 from loadertune.measure.meter import WindowSpec
 from loadertune.trials import _torch_internals as _internals
 from loadertune.trials.hotswap import HotSwap, Outcome, Step, why_not
+from loadertune.trials.segment import EpochOrder
 
 pytestmark = pytest.mark.slow
 
@@ -238,6 +239,18 @@ def test_a_batch_samplers_epoch_length_comes_from_its_batches() -> None:
         assert abs(outcome.epoch_samples - 300) <= 15, outcome.epoch_samples
     persistent = conductor.outcomes[1].measurement
     assert persistent is not None and persistent.reentry_s  # its next epoch's start, timed
+
+
+def test_a_batch_samplers_epoch_counts_the_batches_its_own_loader_gave_first() -> None:
+    """A swap that takes over an epoch the script's own loader began (``rest_of_epoch``) sees
+    only the rest of its batches: the epoch's samples count the ones given before too (a new
+    user's 800-sample epochs, taken over after 5 of 25 batches, were recorded as 640)."""
+    batches = [list(range(i, i + 32)) for i in range(0, 800, 32)]
+    whole, rest = EpochOrder(batches), EpochOrder(iter(batches[5:]), given=5)
+    assert whole.take(0, 3) and whole.samples() == 800  # its length times the mean so far
+    for order in (whole, rest):
+        order.take(0, 100)  # to its end
+        assert order.samples() == 800
 
 
 class Fragile(Indices):

@@ -70,6 +70,7 @@ class EpochOrder:
         self._base = 0  # the epoch index of _units[0]
         self._exhausted = False
         self._sizes = [0, 0]  # units taken that have a length (batches), and their samples
+        self._before = given  # batches the script's own loader gave before this order began
         self.position = 0
         self.given = given
         self._limit = limit
@@ -123,13 +124,14 @@ class EpochOrder:
     def samples(self) -> int | None:
         """The samples of the whole epoch where its units are a custom batch sampler's batches,
         whose ``batch_size`` the loader does not know (a bucketing sampler of its own): exact
-        once the batch sampler is exhausted, before that its length times the mean batch taken
-        so far; None before any (or without a length)."""
+        once the batch sampler is exhausted (with the batches the script's own loader gave
+        before this order began counted at the mean), before that its length times the mean
+        batch taken so far; None before any (or without a length)."""
         batches, samples = self._sizes
         if not batches:
             return None
         if self._exhausted:
-            return samples
+            return round(samples * (1 + self._before / batches))
         return round(self.length * samples / batches) if self.length else None
 
     def forget_received(self) -> None:
