@@ -106,7 +106,7 @@ class Tuner:
         from loadertune.trials.hotswap import HotSwap, why_not
 
         if self.swap is None and not self.untuned:
-            why = why_not(loader)
+            why = why_not(loader) or self._shared_handles(loader)
             if why is not None:
                 self.untuned = True
                 self.report(f"loadertune: not tuning this DataLoader during the run: {why}")
@@ -124,6 +124,26 @@ class Tuner:
         lengths = self.runner.epoch_lengths
         lengths.close()  # (before the next epoch's workers start)
         return lengths.count(self.swap.epoch(), dl.batches_per_epoch(loader))
+
+    def _shared_handles(self, loader: DataLoader[Any]) -> str | None:
+        """Why the run must keep its ``num_workers=0``: forked workers would share the
+        dataset's open files or connections (:mod:`loadertune.trials.handles`), and a training
+        that is right without workers would read wrong records with them. A run with workers
+        of its own, or a ``worker_init_fn`` (which may open them again), is told and tuned."""
+        from loadertune.trials import handles, lifeline
+
+        held = handles.forked_handles(loader.dataset, loader.multiprocessing_context)
+        if not held:
+            return None
+        if loader.num_workers or lifeline.users_worker_init(loader.worker_init_fn) is not None:
+            self.report(f"loadertune: warning: {handles.loader_fork_warning(loader)}")
+            return None
+        return (
+            f"its dataset holds {', '.join(held)}, made in the main process, which workers "
+            "forked from it would share: their reads can return wrong records without an "
+            "error. The run goes on with num_workers=0; open them in each worker (on first "
+            "use in __getitem__) to let it tune"
+        )
 
     def _follow(self, loader: DataLoader[Any]) -> None:
         """Tune ``loader``, the script's loader created again, from where the last one was; or,

@@ -325,6 +325,26 @@ def test_run_tune_leaves_out_a_setting_whose_workers_fail_where_the_main_process
     assert all(w > 0 for w in workers) and workers == sorted(set(workers), reverse=True), workers
 
 
+def test_run_tune_keeps_no_workers_for_a_dataset_whose_open_file_workers_would_share(
+    tmp_path: Path,
+) -> None:
+    """A dataset that opened a file in ``__init__`` (reads by ``seek`` then ``read``) is right
+    without workers and wrong with forked ones, which share the file's offset. A run that
+    loads it without workers is not tuned, and says why: a new user's ``run --tune`` fed up to
+    425 wrong records an epoch (of 8,000) into the training of such a dataset."""
+    counts, rec = tmp_path / "counts.jsonl", tmp_path / "rec.json"
+    script = [str(SCRIPTS / "open_file.py"), "--", str(counts), "20"]
+    proc = _loadertune("run", "--tune", "--budget", "4", "--file", str(rec), *script)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "its dataset holds Records.f (an open file), made in the main process" in proc.stderr
+    epochs = [json.loads(line) for line in counts.read_text().splitlines()]
+    assert len(epochs) == 20
+    for e in epochs:
+        assert sorted(e["samples"]) == list(range(400)) and e["wrong"] == 0, e
+        assert e["workers"] == 0
+    assert not rec.exists()
+
+
 def test_run_tune_follows_a_loader_the_script_creates_again_every_epoch(tmp_path: Path) -> None:
     """A new DataLoader every epoch (made by a function) is the same loader: the tuning goes
     on over each new one and finishes. Before, every loader after the first was taken for

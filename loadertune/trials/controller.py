@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from loadertune.config import Config
 from loadertune.measure.meter import Measurement, Meter, elsewhere
 from loadertune.trials import _torch_internals as _internals
-from loadertune.trials import hotswap, lifeline, messages
+from loadertune.trials import handles, hotswap, lifeline, messages
 from loadertune.trials import loader as dl
 from loadertune.trials.channel import Channel
 from loadertune.trials.epochs import EpochLengths
@@ -243,7 +243,7 @@ class TrialController:
                 batch_sampler=loader.batch_size is None,
                 batch_size_fixed=dl.why_batch_size_fixed(loader),
                 cuda_available=torch.cuda.is_available(),
-                warnings=self._sharding_warnings(loader),
+                warnings=self._sharding_warnings(loader) + self._fork_warnings(loader),
                 one_setting_only=one_only,
                 sources=user_sources(),
             )
@@ -302,6 +302,12 @@ class TrialController:
             self.watch.close()
             self._choose(metered.key, "the first loader to fill a window (no optimizer)")
         self._done(m)
+
+    def _fork_warnings(self, loader: DataLoader[Any]) -> list[str]:
+        """Does the dataset hold handles forked workers share? (In every launch: a resumed
+        search may run no baseline.)"""
+        warning = handles.loader_fork_warning(loader)
+        return [warning] if warning else []
 
     def _sharding_warnings(self, loader: DataLoader[Any]) -> list[str]:
         """In the baseline trial only: does an IterableDataset yield duplicates across workers?"""

@@ -31,7 +31,7 @@ from loadertune.measure.failures import Failure, FailureKind, classify_exception
 from loadertune.measure.meter import Meter, WindowSpec
 from loadertune.measure.resources import multiprocessing_helper
 from loadertune.trials import _torch_internals as _internals
-from loadertune.trials import leftovers, lifeline
+from loadertune.trials import handles, leftovers, lifeline
 from loadertune.trials import loader as dl
 from loadertune.trials.runner import BaseRunner, Limits, TrialRequest, TrialResult
 from loadertune.trials.supervisor import Supervisor
@@ -133,6 +133,7 @@ class InlineRunner(BaseRunner):
         self.gpu_index: int | None = None
         self.epoch_samples = self._epoch_length()
         self._sharding_checked = False
+        self._handles_checked = False
 
     def _step_uses_cuda(self) -> bool:
         """pin_memory is worth searching when the batch goes to the GPU: ours without a step; the
@@ -177,7 +178,7 @@ class InlineRunner(BaseRunner):
             raise ValueError("an in-process trial needs explicit settings")
         window, limits = request.window, request.limits
         replay = request.phase == "replay"
-        warnings = self._check_sharding(config)
+        warnings = self._check_sharding(config) + self._check_handles()
         result = TrialResult(config, phase=request.phase)
         before = set(_children())
         dl.reset_cuda_peaks()
@@ -298,6 +299,17 @@ class InlineRunner(BaseRunner):
             if self.gpu_index is None:
                 self.gpu_index = dl.nvml_index_for_current_device()
         self.uses_cuda = self._step_uses_cuda()
+
+    def _check_handles(self) -> list[str]:
+        """Once: warn when forked workers would share the dataset's open files or connections."""
+        if self._handles_checked:
+            return []
+        self._handles_checked = True
+        fixed = self.fixed
+        found = handles.fork_warning(
+            self.dataset, fixed.get("multiprocessing_context"), fixed.get("worker_init_fn")
+        )
+        return [found] if found else []
 
     def _check_sharding(self, config: Config) -> list[str]:
         """Once, for an IterableDataset: warn when its workers yield duplicate samples."""

@@ -150,6 +150,11 @@ class DieWithTrial:
         return f"DieWithTrial({self.user_fn!r})"
 
 
+def users_worker_init(worker_init_fn: Any) -> Any:
+    """The user's own ``worker_init_fn`` of a loader's (None: they gave none), not ours."""
+    return worker_init_fn.user_fn if isinstance(worker_init_fn, DieWithTrial) else worker_init_fn
+
+
 def wrap_worker_init(arguments: dict[str, Any]) -> dict[str, Any]:
     """DataLoader keyword ``arguments`` with :class:`DieWithTrial` around their
     ``worker_init_fn`` (once)."""
