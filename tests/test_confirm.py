@@ -597,3 +597,22 @@ def test_one_round_each_a_mean_within_the_margin_is_not_clearly_better() -> None
         subs={A: [[100.0, 110.0, 105.0, 95.0]], B: [[90.0, 260.0, 150.0, 140.0]]},
     )
     assert conf.clearly_better is False
+
+
+def test_a_finalist_the_cut_rounds_never_measured_does_not_win_on_its_exploration_figure(
+    clock: _Clock,
+) -> None:
+    """The deadline cut the only round after C: B (fewer workers, its exploration's 731 within
+    2% of C's median of 803 and 665) had been saved as the winner, measured in no round."""
+    B7, C12 = Config(32, 7, 4, persistent_workers=True), Config(32, 12, 4, persistent_workers=True)
+    run, ran = _runner(clock, {C12: [665.0], B7: [700.0], A: [400.0]})
+    prior = {C12: [803.0], B7: [731.0], A: [391.0]}
+    outcome = confirm(run, [C12, B7], A, rounds=2, deadline=15.0, trial_wall_s=10.0, prior=prior)
+    assert ran == [C12]
+    assert outcome.winner == C12
+    # with no figure from the rounds at all, the exploration's decide (simplest within 2%)
+    clock.now = 0.0
+    run, ran = _runner(clock, {C12: [665.0], B7: [700.0], A: [400.0]})
+    prior[C12] = [740.0]
+    outcome = confirm(run, [C12, B7], A, rounds=2, deadline=5.0, trial_wall_s=10.0, prior=prior)
+    assert ran == [] and outcome.winner == B7
