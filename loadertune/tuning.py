@@ -98,6 +98,7 @@ class Tuner:
         self.swap: HotSwap | None = None
         self.untuned = False  # the loader cannot change setting mid-epoch: left as it is
         self.saved_to: str | None = None
+        self.interrupted = False  # the run ended by Ctrl-C (or SIGTERM), not by itself
         self._thread: threading.Thread | None = None
 
     def epoch(self, loader: DataLoader[Any], original: OriginalIter | None = None) -> Iterator[Any]:
@@ -212,8 +213,10 @@ class Tuner:
     def _save_partial(self, exc: SearchInterrupted) -> None:
         # (untuned: the loop's loader could no longer be tuned, said when it happened)
         ended = "the tuning stopped early" if self.untuned else "the run ended before the tuning"
+        if self.interrupted:
+            ended = "the run was interrupted before the tuning ended"
         try:
-            self.saved_to = saved.save_partial(self.out, exc, run_ended=True)
+            self.saved_to = saved.save_partial(self.out, exc, run_ended=not self.interrupted)
         except LoadertuneError as err:
             self.report(f"loadertune: {ended}; {err}")
             return
@@ -261,7 +264,9 @@ class TunedLoader:
     def __enter__(self) -> TunedLoader:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: object, *exc: object) -> None:
+        if kind is KeyboardInterrupt:
+            self.tuner.interrupted = True
         self.close()
 
 
@@ -475,5 +480,8 @@ def run_script_tuned(
 
     try:
         return saved.run_patched(controller, script, args, report, said_at_end)
+    except KeyboardInterrupt:
+        tuner.interrupted = True
+        raise
     finally:
         tuner.finish()

@@ -345,6 +345,37 @@ def test_run_tune_keeps_no_workers_for_a_dataset_whose_open_file_workers_would_s
     assert not rec.exists()
 
 
+def test_ctrl_c_of_run_tune_says_so_and_run_tells_the_entry_is_a_best_so_far(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C in the middle of the tuning: the best so far is saved, marked partial as an
+    interrupted one (it had said "the run ended before the tuning"), and ``loadertune run``
+    says the entry it applies is a best so far (it had applied it as a finished search's)."""
+    counts, rec = tmp_path / "counts.jsonl", tmp_path / "rec.json"
+    script = [str(rec), str(SCRIPTS / "counts.py"), "--", str(counts), "100000"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loadertune", "run", "--tune", "--budget", "120", "--file", *script],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (
+        not counts.exists() or len(counts.read_text().splitlines()) < 12
+    ):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert "the run was interrupted before the tuning ended; the best so far saved to" in err
+    (entry,) = store.entries_for(rec, hardware.current_key()).values()
+    assert entry["partial"] and entry["search"]["stop_reason"] == "interrupted"
+    again = _loadertune(
+        "run", "--file", str(rec), str(SCRIPTS / "counts.py"), "--", str(counts), "1"
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "a best so far, not a finished search's winner (an interrupted search)" in again.stderr
+
+
 def test_run_tune_follows_a_loader_the_script_creates_again_every_epoch(tmp_path: Path) -> None:
     """A new DataLoader every epoch (made by a function) is the same loader: the tuning goes
     on over each new one and finishes. Before, every loader after the first was taken for

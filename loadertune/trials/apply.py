@@ -53,6 +53,7 @@ class SavedEntry:
     dataset: str | None = None
     index: int | None = None  # order of creation (entries that record nothing else)
     lines: tuple[str, ...] = ()  # the text of the key's user frames (LoaderRecord.lines)
+    partial: str | None = None  # why it is a best-so-far, not a finished search's winner
     applied: list[LoaderRecord] = field(default_factory=list)
 
     @classmethod
@@ -185,6 +186,11 @@ class ApplySaved:
                     f"; the batch size {size} is the search's pick, not the script's {own}: "
                     "scale the learning rate with it (linearly or by its square root)"
                 )
+            if entry.partial:
+                moved += (
+                    f"; a best so far, not a finished search's winner ({entry.partial}): "
+                    "`loadertune search` (or `run --tune`) measures it to the end"
+                )
             self.report(f"loadertune: DataLoader {record.describe()}: {entry.label()}{moved}")
         entry.applied.append(record)
         config = Config.from_kwargs(entry.loader_kwargs, batch_size=own if own else 1)
@@ -193,8 +199,10 @@ class ApplySaved:
     def on_iter(
         self, loader: DataLoader[Any], record: LoaderRecord, original: OriginalIter
     ) -> Iterator[Any]:
-        if not any(record in entry.applied for entry in self.entries):
+        mine = [entry for entry in self.entries if record in entry.applied]
+        if not mine:
             return original(loader)
+        partial = any(entry.partial for entry in mine)
         # More workers than CPUs was measured fastest here: torch's warning against it (at the
         # iterator's creation) would contradict the measurement, so it is told once, not warned.
         cpus = usable_cpus()  # what torch's warning counts: the CPUs this process may run on
@@ -202,7 +210,8 @@ class ApplySaved:
             self._told_cpus = True
             self.report(
                 f"loadertune: {loader.num_workers} workers on {cpus} CPUs is the setting the "
-                "search saved for this machine; torch's warning against more workers than "
+                f"search saved for this machine{' (a best so far)' if partial else ''}; torch's "
+                "warning against more workers than "
                 "CPUs is left out for this loader"
             )
         with dl.quiet_worker_warning():
