@@ -186,10 +186,11 @@ def _existing_folder(folder: Path) -> Path:
     return folder
 
 
-def check_writable(path: str | os.PathLike[str]) -> None:
+def check_writable(path: str | os.PathLike[str], *, option: str = "--out") -> None:
     """Raise unless saving to ``path`` can work: the file, if it exists, is writable, and a file
     can be created in its folder. Tried for real (a probe file), so read-only file systems and
-    folders that refuse new files are found too.
+    folders that refuse new files are found too. ``option``: the command's option that names
+    the file, for the message.
 
     Raises:
         RecommendationFileError: saying what is wrong and what to do.
@@ -202,11 +203,12 @@ def check_writable(path: str | os.PathLike[str]) -> None:
     except OSError as exc:
         raise RecommendationFileError(f"cannot use {path}: {exc.strerror or exc}") from exc
     if st is not None and stat.S_ISDIR(st.st_mode):
-        raise RecommendationFileError(f"{path} is a folder; pass a file name with --out.")
+        raise RecommendationFileError(f"{path} is a folder; pass a file name with {option}.")
     if st is not None and (not st.st_mode & 0o222 or not os.access(path, os.W_OK)):
         raise RecommendationFileError(
             f"{path} is read-only (mode {stat.S_IMODE(st.st_mode):o}), so loadertune will not "
-            f"replace it. Make it writable (chmod u+w {path}), or choose another file with --out."
+            f"replace it. Make it writable (chmod u+w {path}), or choose another file with "
+            f"{option}."
         )
     folder = _existing_folder(path.parent)
     try:
@@ -214,8 +216,8 @@ def check_writable(path: str | os.PathLike[str]) -> None:
     except OSError as exc:
         raise RecommendationFileError(
             f"cannot create files in the folder {folder} ({exc.strerror or exc}), so {path} "
-            "cannot be saved. Choose a file in a writable folder with --out, or make this one "
-            "writable."
+            f"cannot be saved. Choose a file in a writable folder with {option}, or make this "
+            "one writable."
         ) from exc
     os.close(fd)
     os.unlink(probe)

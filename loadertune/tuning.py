@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from loadertune import api, hardware, saved
+from loadertune import api, hardware, saved, store
 from loadertune.config import Config, normalize_batch_sizes
 from loadertune.errors import ConfigError, LoadertuneError, SearchInterrupted
 from loadertune.report import trial_line
@@ -451,6 +451,13 @@ def run_script_tuned(
     check_script(script)
     if not budget_s > 0:
         raise ConfigError(f"budget_s must be > 0 seconds, but got {budget_s!r}.")
+    try:  # a winner that cannot be saved is not worth the run's time (nor its risk)
+        store.read(path)
+        store.check_writable(path, option="--file")
+    except LoadertuneError as exc:
+        report(f"loadertune: not tuning this run, whose winner could not be saved: {exc}")
+        plain = ApplySaved([], report=report)  # every loader's workers die with the run still
+        return saved.run_patched(plain, script, args, report, plain.unapplied)
     try:
         apply = saved.apply_saved(script, path, report)
     except LoadertuneError as exc:

@@ -376,6 +376,30 @@ def test_ctrl_c_of_run_tune_says_so_and_run_tells_the_entry_is_a_best_so_far(
     assert "a best so far, not a finished search's winner (an interrupted search)" in again.stderr
 
 
+@pytest.mark.parametrize("bad", ["corrupt", "read-only"])
+def test_run_tune_with_a_file_it_cannot_save_to_runs_untuned_and_says_why(
+    tmp_path: Path, bad: str
+) -> None:
+    """A winner that cannot be saved is not worth the run's time: the run goes on untuned, and
+    says why at its start. It had tuned for the whole budget (16 workers included), then
+    thrown the winner away."""
+    counts, rec = tmp_path / "counts.jsonl", tmp_path / "rec.json"
+    if bad == "corrupt":
+        rec.write_text("{not json")
+    else:
+        empty = {"schema": store.SCHEMA, "schema_version": store.SCHEMA_VERSION, "machines": {}}
+        rec.write_text(json.dumps(empty))
+        rec.chmod(0o444)
+    script = [str(SCRIPTS / "counts.py"), "--", str(counts), "3"]
+    proc = _loadertune("run", "--tune", "--budget", "4", "--file", str(rec), *script)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "not tuning this run, whose winner could not be saved" in proc.stderr
+    assert "baseline" not in proc.stderr and "tuning the DataLoader" not in proc.stderr
+    assert ("is not valid JSON" if bad == "corrupt" else "is read-only") in proc.stderr
+    assert "--out" not in proc.stderr  # run names its file with --file
+    assert len(counts.read_text().splitlines()) == 3
+
+
 def test_run_tune_follows_a_loader_the_script_creates_again_every_epoch(tmp_path: Path) -> None:
     """A new DataLoader every epoch (made by a function) is the same loader: the tuning goes
     on over each new one and finishes. Before, every loader after the first was taken for
