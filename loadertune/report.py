@@ -244,7 +244,7 @@ CEILING_EXCEEDED = 105.0  # percent of the estimated ceiling beyond which noise 
 # Why the exploration stopped (``search.stop_reason``), in words; "at_ceiling" is said with
 # its figures by _stop_words.
 _STOP_REASONS = {
-    "budget": "the budget was spent",
+    "budget": "what was left of the budget held no further trial beside the final rounds",
     "n_trials": "the cap on trials (--trials) was reached",
     "no_improvement": "the last trials brought no gain beyond the noise",
     "space_exhausted": "every setting of the space was measured",

@@ -197,7 +197,8 @@ class Tuner:
                 self.saved_to = str(rec.save(self.out))
             except LoadertuneError as exc:
                 self.report(f"loadertune: could not save the winner: {exc}")
-            speedup = f", {rec.speedup:.2f}x per epoch" if rec.speedup else ""
+            noise = " (within the noise)" if rec.within_noise else ""
+            speedup = f", {rec.speedup:.2f}x per epoch{noise}" if rec.speedup else ""
             self.report(
                 f"loadertune: tuned in {rec.search.get('elapsed_s', 0):.0f} s "
                 f"({len(rec.trials)} trials): {self.runner.winner.label()}{speedup}"

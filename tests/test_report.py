@@ -245,7 +245,11 @@ def test_summary_lines() -> None:
         for line in lines
     )
     assert any(line.startswith("best at your batch size: bs=64 w=4 pf=2") for line in lines)
-    assert any("2 trials in 42 s, stopped: the budget was spent" in line for line in lines)
+    assert any(
+        "2 trials in 42 s, stopped: what was left of the budget held no further trial beside "
+        "the final rounds" in line
+        for line in lines
+    )
     assert not any("resumed" in line for line in lines)
 
 
@@ -301,7 +305,8 @@ def test_summary_lines_say_a_resumed_study_held_earlier_trials() -> None:
     rec.search["n_previous_trials"] = 12
     lines = summary_lines(rec)
     assert any(
-        "2 trials in 42 s, stopped: the budget was spent; resumed a study of 12 trials from "
+        "2 trials in 42 s, stopped: what was left of the budget held no further "
+        "trial beside the final rounds; resumed a study of 12 trials from "
         "earlier runs; study 's'" in line
         for line in lines
     )

@@ -77,9 +77,10 @@ def _show_entry(console: Console, workload: str, entry: Any) -> None:
     label = kwargs_label(kwargs) if kwargs else "-"
     speed = f"{rate:,.0f} samples/s" if rate else "-"
     speedup = entry.get("speedup")
+    noise = ", within the noise" if entry.get("within_noise") else ""
     console.print(
         f"    {label}  {speed}"
-        + (f"  ({speedup:.2f}x over baseline)" if speedup else "")
+        + (f"  ({speedup:.2f}x over baseline{noise})" if speedup else "")
         + f"  measured {entry.get('measured_at', '?')}",
         highlight=False,
         soft_wrap=True,

@@ -269,7 +269,10 @@ def versus_figure(data: ReportData) -> go.Figure | None:
     fig.update_yaxes(title_text="samples/s", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text="% of the loop's time", range=[0, 105], row=1, col=2)
     fig.update_layout(
-        title="Winner and baseline, re-measured side by side",
+        title=(
+            "Winner and baseline: each measurement "
+            "(side by side in the final rounds, where they ran)"
+        ),
         **{**LAYOUT, "margin": {**LAYOUT["margin"], "t": 100}},
     )
     return fig

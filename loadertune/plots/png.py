@@ -133,7 +133,10 @@ def versus_png(data: ReportData) -> Figure | None:
     right.bar([label for label, _, _ in rows], blocked, color=[f"C{i}" for i in range(len(rows))])
     right.set_ylim(0, 100)
     right.set_ylabel("% of the loop blocked on data")
-    fig.suptitle("Winner and baseline, re-measured side by side", fontsize=10)
+    fig.suptitle(
+        "Winner and baseline: each measurement (side by side in the final rounds, where they ran)",
+        fontsize=10,
+    )
     fig.tight_layout()
     return fig
 
