@@ -44,6 +44,7 @@ import shutil
 import stat
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -344,6 +345,22 @@ def entries_for(path: str | os.PathLike[str], key: str) -> dict[str, Any]:
     return workloads
 
 
+def _how_to_add(workload: str, workloads: Mapping[str, Any]) -> str:
+    """What to do about a workload the file has no entry for: a dataset's class tuned where its
+    module ran as ``__main__`` (a script calling ``tune_loader``) has another key when imported;
+    a dataset is tuned by ``tune_loader``, a script by ``loadertune search``."""
+    if not workload.startswith("dataset "):
+        return "Run `loadertune search` on this one to add it."
+    name = workload.removeprefix("dataset ").rsplit(".", 1)[-1]
+    ran_as_main = f"dataset __main__.{name}"
+    if ran_as_main in workloads:
+        return (
+            f"If {ran_as_main} is the same class, tuned where its module ran as a script, pass "
+            f'workload="{ran_as_main}"; else tune this one with tune_loader() to add it.'
+        )
+    return "Tune it with tune_loader() to add it."
+
+
 def entry_for(
     path: str | os.PathLike[str], key: str, workload: str | None = None
 ) -> dict[str, Any]:
@@ -371,7 +388,7 @@ def entry_for(
     else:
         raise NoRecommendationError(
             f"{path} has no entry for {workload} on this machine ({key}); it has entries "
-            f"for other workloads only: {have}. Run `loadertune search` on this one to add it."
+            f"for other workloads only: {have}. {_how_to_add(workload, workloads)}"
         )
     problem = entry_problem(entry)
     if problem is not None:

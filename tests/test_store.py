@@ -242,6 +242,24 @@ def test_entry_for_says_which_workloads_there_are(tmp_path: Path) -> None:
         store.entry_for(path, "box", "script c.py:1")
 
 
+def test_a_dataset_class_tuned_as_main_is_named_when_its_module_is_imported(
+    tmp_path: Path,
+) -> None:
+    """``tune_loader`` in a script keys its dataset ``__main__.Docs``; the training code that
+    imports it asks for ``mod.Docs``. The error names the entry to pass, and tells to tune a
+    dataset with ``tune_loader`` (it said to run ``loadertune search``)."""
+    path = tmp_path / "rec.json"
+    entry = {"loader_kwargs": {"batch_size": 8, "num_workers": 1}, "samples_per_s": 1.0}
+    store.save_entry(
+        path, "box", {**entry, "workload": {"kind": "dataset", "dataset": "__main__.Docs"}}
+    )
+    store.save_entry(path, "box", {**entry, "workload": {"kind": "dataset", "dataset": "m.Other"}})
+    with pytest.raises(NoRecommendationError, match=r'pass workload="dataset __main__.Docs"'):
+        store.entry_for(path, "box", "dataset mod.Docs")
+    with pytest.raises(NoRecommendationError, match=r"Tune it with tune_loader\(\) to add it"):
+        store.entry_for(path, "box", "dataset mod.Images")
+
+
 def test_a_partial_entry_never_replaces_a_complete_one(tmp_path: Path) -> None:
     entry = functools.partial(_script, tmp_path)
     path = tmp_path / "rec.json"
