@@ -242,6 +242,14 @@ def test_run_tune_with_nproc_per_node_is_a_usage_error(tmp_path: Path) -> None:
     assert not out.exists()
 
 
+@pytest.mark.parametrize("command", ["search", "run"])
+def test_a_scripts_option_before_the_double_dash_says_where_it_goes(command: str) -> None:
+    proc = loadertune(command, str(SCRIPTS / "short.py"), "--epochs", "1")
+    assert proc.returncode == 2
+    assert "No such option '--epochs': the script's own arguments go after `--`" in proc.stderr
+    assert f"(loadertune {command} [OPTIONS] SCRIPT -- ARGS)" in proc.stderr
+
+
 def test_run_returns_the_scripts_exit_status(tmp_path: Path) -> None:
     script = tmp_path / "exit3.py"
     script.write_text("raise SystemExit(3)\n")

@@ -324,6 +324,7 @@ def test_a_plain_search_of_a_distributed_script_says_to_use_nproc_per_node(
     )
     assert proc.returncode == 1
     assert "--nproc-per-node" in proc.stderr
+    assert proc.stderr.count("search it as torchrun runs it") == 1, proc.stderr  # (was 2)
     assert not (tmp_path / "r.json").exists()
 
 

@@ -61,6 +61,22 @@ def _loader(ctx: click.Context, param: click.Parameter, value: str | None) -> in
     raise click.BadParameter(f"expected N (order of creation) or FILE:LINE, got {value!r}")
 
 
+class ScriptCommand(click.Command):
+    """A command that runs a script with arguments of its own: an option it does not know
+    (the script's ``--epochs`` before ``--``) is told where the script's arguments go."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as exc:
+            raise click.NoSuchOption(
+                exc.option_name,
+                message=f"{exc.message.rstrip('.')}: the script's own arguments go after `--` "
+                f"(loadertune {self.name} [OPTIONS] SCRIPT -- ARGS)",
+                ctx=exc.ctx,
+            ) from None
+
+
 def budget_option(help: str) -> Callable[[F], F]:
     """``--budget`` in seconds (search, and run --tune)."""
     return click.option(

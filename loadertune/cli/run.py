@@ -11,6 +11,7 @@ import click
 
 from loadertune import saved, tracebacks
 from loadertune.cli._common import (
+    ScriptCommand,
     batch_sizes_option,
     budget_option,
     err,
@@ -22,7 +23,7 @@ from loadertune.cli._common import (
 from loadertune.errors import LoadertuneError
 
 
-@click.command(context_settings={"ignore_unknown_options": False})
+@click.command(cls=ScriptCommand, context_settings={"ignore_unknown_options": False})
 @click.argument("script", type=click.Path(dir_okay=False))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @file_option("--file", "path", default="loadertune.json", help="Recommendation file.")

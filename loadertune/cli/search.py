@@ -16,6 +16,7 @@ from rich.console import Console
 
 from loadertune import api, plots, saved, store
 from loadertune.cli._common import (
+    ScriptCommand,
     batch_sizes_option,
     budget_option,
     err,
@@ -57,7 +58,7 @@ def _interrupts_stop() -> Iterator[None]:
             signal.signal(sig, old)
 
 
-@click.command(context_settings={"ignore_unknown_options": False})
+@click.command(cls=ScriptCommand, context_settings={"ignore_unknown_options": False})
 @click.argument("script", type=click.Path(dir_okay=False))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @budget_option("Wall-clock seconds for the whole search.")

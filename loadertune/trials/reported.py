@@ -44,7 +44,7 @@ def raised(msg: messages.FailureMsg, output: str) -> Failure:
         f"the script raised {msg['text'][:200]}",
         NEEDS_LAUNCHER if launcher else "fix the script; its traceback is below",
         user_bug=True,
-        detail=f"{NEEDS_LAUNCHER}\n{detail}" if launcher else detail,
+        detail=detail,  # (the advice is said once, beside the message)
     )
 
 
