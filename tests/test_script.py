@@ -225,21 +225,30 @@ def test_a_batch_size_over_the_data_is_a_failed_setting_not_a_bug() -> None:
 SWAPPED = [Config(32, 2, 2), Config(8), Config(16, 1, 2, persistent_workers=True), Config(64, 3, 1)]
 
 
+def _in_turn(
+    script: str, configs: list[Config | None], args: list[str] | None = None
+) -> tuple[ScriptRunner, list[TrialResult]]:
+    """``configs`` (None: the script's own) measured in turn on ``script``, whose runner is
+    closed after; every trial ok."""
+    runner = ScriptRunner(SCRIPTS / script, args or [])
+    limits = Limits(timeout_s=60, startup_s=30, hang_s=5)
+    try:
+        results = [
+            runner.run(c, window=window_for(c or Config(1), window_s=0.3), limits=limits)
+            for c in configs
+        ]
+    finally:
+        runner.close()
+    assert all(r.ok for r in results), [r.failure for r in results]
+    return runner, results
+
+
 def _swapped_in_one_launch(script: str, out: Path, epochs: int = 1000) -> list[TrialResult]:
     """The script's own setting, then each of SWAPPED, in one launch of ``script`` (which writes
     its epochs to ``out``); every trial ok."""
-    runner = ScriptRunner(SCRIPTS / script, [str(out), str(epochs)])
-    limits = Limits(timeout_s=60, startup_s=30, hang_s=5)
-    try:
-        base = runner.run(None, window=window_for(Config(1), window_s=0.3), limits=limits)
-        results = [
-            runner.run(c, window=window_for(c, window_s=0.3), limits=limits) for c in SWAPPED
-        ]
-        assert runner.n_launches == 1
-    finally:
-        runner.close()
-    assert base.ok and all(r.ok for r in results), [r.failure for r in results]
-    return results
+    runner, results = _in_turn(script, [None, *SWAPPED], [str(out), str(epochs)])
+    assert runner.n_launches == 1
+    return results[1:]
 
 
 def test_many_settings_run_in_one_process_and_each_epoch_holds_every_sample_once(
@@ -494,18 +503,9 @@ def test_a_batch_sampler_gets_each_batch_size_in_a_fresh_process() -> None:
     """A hot swap keeps a batch sampler's batches: a trial at another batch size than the
     process's loader runs gets a fresh process, whose loader is built with a batch sampler of
     that size (it was recorded as ``not_applied`` before)."""
-    runner = ScriptRunner(SCRIPTS / "batch_sampler.py")
-    limits = Limits(timeout_s=60, startup_s=30, hang_s=5)
     configs = [None, Config(32, 1, 2), Config(32, 0), Config(16, 1, 2)]
-    try:
-        results = [
-            runner.run(c, window=window_for(c or Config(1), window_s=0.3), limits=limits)
-            for c in configs
-        ]
-        assert runner.n_launches == 3  # 16, then 32 twice in one process, then 16 again
-    finally:
-        runner.close()
-    assert all(r.ok for r in results), [r.failure for r in results]
+    runner, results = _in_turn("batch_sampler.py", configs)
+    assert runner.n_launches == 3  # 16, then 32 twice in one process, then 16 again
     ran = [r.extra["ran"] for r in results]
     assert [max(x["batch_lengths"]) for x in ran] == [16, 32, 32, 16]
     assert ran[1]["pid"] == ran[2]["pid"] != ran[3]["pid"]
@@ -516,17 +516,8 @@ def test_a_batch_sampler_without_a_batch_size_tells_the_epochs_samples_by_its_ba
     epoch's samples come from its batches, in the baseline (the loader's own iterator) and in
     the swapped settings after it, so the search tries persistent workers and ranks by the
     per-epoch rate. They were unknown, and persistent workers never tried."""
-    runner = ScriptRunner(SCRIPTS / "bucket_sampler.py")
-    limits = Limits(timeout_s=60, startup_s=30, hang_s=5)
     configs = [None, Config(1, 1, 2, persistent_workers=True), Config(1, 0)]
-    try:
-        results = [
-            runner.run(c, window=window_for(c or Config(1), window_s=0.3), limits=limits)
-            for c in configs
-        ]
-    finally:
-        runner.close()
-    assert all(r.ok for r in results), [r.failure for r in results]
+    runner, results = _in_turn("bucket_sampler.py", configs)
     assert runner.n_launches == 1
     assert runner.epoch_samples == 1000
     assert all(r.epoch_samples == 1000 for r in results), [r.epoch_samples for r in results]
@@ -537,17 +528,7 @@ def test_a_loader_without_automatic_batching_keeps_its_batches_in_every_trial() 
     and prefetch, never a batch size (settings say 1: re-batched by it, every batch would
     become a batch of one, which the script's shape check rejects), and the search is told the
     batch size is not its to change."""
-    runner = ScriptRunner(SCRIPTS / "no_batching.py")
-    limits = Limits(timeout_s=60, startup_s=30, hang_s=5)
-    configs = [None, Config(1, 2, 2), Config(1, 0)]
-    try:
-        results = [
-            runner.run(c, window=window_for(c or Config(1), window_s=0.3), limits=limits)
-            for c in configs
-        ]
-    finally:
-        runner.close()
-    assert all(r.ok for r in results), [r.failure for r in results]
+    runner, results = _in_turn("no_batching.py", [None, Config(1, 2, 2), Config(1, 0)])
     assert runner.batch_size_fixed == NO_BATCHING
     ran = [r.extra["ran"] for r in results]
     assert [x["settings"]["num_workers"] for x in ran] == [0, 2, 0]
