@@ -50,7 +50,10 @@ def test_tunes_a_latency_bound_dataset_and_saves_it(tmp_path) -> None:
     assert (
         rec.samples_per_s > 1.5 * rec.baseline_samples_per_s and rec.speedup and rec.speedup > 1.5
     )
-    assert not rec.within_noise
+    # Clearly faster, unless other processes kept the machine busy: then only interleaved
+    # rounds may say so (a shared CI machine), and the summary says why it did not.
+    busy = any("other processes kept" in w for w in rec.diagnosis["warnings"])
+    assert not rec.within_noise or busy, rec.diagnosis["warnings"]
     assert collated, "the user's collate_fn was used"
     assert rec.diagnosis["bottleneck"] in ("input", "compute", "balanced")
     assert rec.diagnosis["ceiling_samples_per_s"] > 0
