@@ -71,6 +71,10 @@ def test_the_report_reads_the_file_and_the_study(searched) -> None:
     assert data.machine == current_key()
     assert len(data.trials) == len(entry["trials"])
     assert "details of" in data.study_note and storage in data.study_note
+    # the trials without the study's details are named (a new user read "2 of 3" unexplained)
+    found = int(data.study_note.split("details of ")[1].split(" of ")[0])
+    none = re.findall(r"#(\d+) (\w+)", data.study_note.split("none for ")[-1])
+    assert found + len(none) == len(data.trials) if found < len(data.trials) else not none
     # The study adds what the file leaves out: each measured trial's sub-windows and memory.
     measured = [t for t in data.measured if t.status == "ok"]
     assert measured and all(t.sub_window_samples_per_s for t in measured)

@@ -218,19 +218,20 @@ def _enrich(trial: Trial, result: dict[str, Any]) -> None:
 
 def _from_study(
     trials: list[Trial], raw: list[dict[str, Any]], stored: list[dict[str, Any]]
-) -> int:
+) -> str:
     """Match the file's trials to the study's by number and setting and add the study's
-    details; returns how many matched."""
+    details; returns how many matched, and which did not."""
     by_number = {s["number"]: s for s in stored}
-    matched = 0
+    missing: list[str] = []
     for trial, r in zip(trials, raw, strict=True):
         s = by_number.get(r.get("number"))
         result = (s or {}).get("user_attrs", {}).get("result")
         if s is None or not isinstance(result, dict) or result.get("params") != r.get("params"):
+            missing.append(f"#{trial.index} {trial.phase}")
             continue
         _enrich(trial, result)
-        matched += 1
-    return matched
+    said = f"details of {len(trials) - len(missing)} of {len(trials)} trials"
+    return said + (f" (none for {', '.join(missing)})" if missing else "")
 
 
 def load(
@@ -268,8 +269,7 @@ def load(
                 raise
             note = f"the study could not be read ({exc}): figures from the file only"
         else:
-            matched = _from_study(trials, raw, stored)
-            note = f"study {name!r} in {url}: details of {matched} of {len(trials)} trials"
+            note = f"study {name!r} in {url}: {_from_study(trials, raw, stored)}"
     # The clock of the progress plot: each trial's cost (start-up and teardown included), one
     # after another. The study's timestamps are not used: the probe's trials are added to it
     # together, after the last of them ran.

@@ -135,7 +135,7 @@ class Opening:
                 self.observer.note(
                     "the script, or a module of its own that it imports, changed since the "
                     "earlier run of the study: "
-                    "the trials that run kept of its probe are measured again"
+                    "its baseline and probe, kept from that run, are measured again"
                 )
             return
         self._kept = kept
