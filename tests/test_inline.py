@@ -332,3 +332,29 @@ def test_workers_die_with_a_sigkilled_tune_loader(tmp_path) -> None:
     for p in left:
         p.kill()
     assert not left, "DataLoader workers outlived the SIGKILLed process"
+
+
+class _Buckets(torch.utils.data.Sampler):
+    """A batch sampler of the user's own: batches of 10 over 400 samples, a length, no
+    ``batch_size``."""
+
+    def __iter__(self):
+        return iter([list(range(i, i + 10)) for i in range(0, 400, 10)])
+
+    def __len__(self) -> int:
+        return 40
+
+
+def test_a_batch_samplers_epoch_length_comes_from_the_batches_measured() -> None:
+    """``tune_loader(dataset, batch_sampler=...)``: the epoch's samples, unknown from a batch
+    sampler without ``batch_size``, come from the batches its first trial measured, so the
+    search tries persistent workers (it never did)."""
+    runner = InlineRunner(SleepDataset(n=400, sleep_s=0.0002), fixed={"batch_sampler": _Buckets()})
+    assert runner.epoch_samples is None  # not known before a trial
+    limits = Limits(timeout_s=30, startup_s=20, hang_s=5)
+    try:
+        result = runner.run(Config(1), window=window_for(Config(1), window_s=0.2), limits=limits)
+    finally:
+        runner.close()
+    assert result.ok, result.failure
+    assert result.epoch_samples == runner.epoch_samples == 400

@@ -241,6 +241,11 @@ class InlineRunner(BaseRunner):
         result.measurement = measurement
         result.resources = sup.window_ended(measurement.window_s)
         result.pruned = sup.pruned
+        if result.epoch_samples is None and measurement.n_batches and not replay:
+            # a batch sampler of the user's own, with a length and no batch_size: its batches
+            mean = measurement.n_samples / measurement.n_batches
+            result.epoch_samples = dl.epoch_samples(loader, mean)
+            self.epoch_samples = self.epoch_samples or result.epoch_samples
         if not replay and not measurement.reentry_s and config.num_workers and result.epoch_samples:
             measurement.reentry_s.append(self._reentry(loader, meter))
 
