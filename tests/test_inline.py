@@ -7,6 +7,7 @@ import gc
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from typing import ClassVar
 
@@ -358,3 +359,38 @@ def test_a_batch_samplers_epoch_length_comes_from_the_batches_measured() -> None
         runner.close()
     assert result.ok, result.failure
     assert result.epoch_samples == runner.epoch_samples == 400
+
+
+def test_the_watchdog_sends_no_interrupt_once_the_trial_has_ended(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The trial ends by itself just as the watchdog's grace runs out: no SIGINT may follow,
+    or it reaches whatever runs next (a stray KeyboardInterrupt stopped a later test's search
+    as "search interrupted")."""
+    from loadertune.measure import failures
+    from loadertune.trials import inline
+
+    class Expired:
+        def expired(self):
+            return failures.hang(1.0, 0)
+
+    dog = inline._Watchdog(Expired(), set(inline._children()), interrupt_grace_s=0.0)
+    ended = threading.Event()
+
+    def grace_ran_out(timeout: float | None = None) -> bool:
+        if timeout == 0.0:  # the grace: the trial ends meanwhile, and the wait says it did not
+            dog._done.set()
+            ended.set()
+            return False
+        return threading.Event.wait(dog._done, timeout)
+
+    monkeypatch.setattr(dog._done, "wait", grace_ran_out)
+    sent: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: sent.append(signum))
+    try:
+        with dog:
+            assert ended.wait(5)
+        time.sleep(0.2)  # (a signal sent is handled by now)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert dog.failure is not None and not dog.interrupted and sent == []

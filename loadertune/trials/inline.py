@@ -67,6 +67,10 @@ class _Watchdog:
         self._before = before
         self._grace_s = interrupt_grace_s
         self._done = threading.Event()
+        # Held while the trial's end is marked, and while the interrupt is sent: an interrupt is
+        # sent only while the trial runs (one sent as the trial ended by itself reached the
+        # code after it as a KeyboardInterrupt: the next test, or the user's program).
+        self._ending = threading.Lock()
         self._main = (
             threading.get_ident() if threading.current_thread() is threading.main_thread() else None
         )
@@ -85,10 +89,13 @@ class _Watchdog:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        self._thread.join(timeout=5)
-        if self._main is not None and not callable(self._sigint):
-            signal.signal(signal.SIGINT, self._sigint)
+        try:
+            with self._ending:
+                self._done.set()
+            self._thread.join(timeout=5)
+        finally:  # (an interrupt sent just before the end is raised here)
+            if self._main is not None and not callable(self._sigint):
+                signal.signal(signal.SIGINT, self._sigint)
 
     def _run(self) -> None:
         while not self._done.wait(0.1):
@@ -97,9 +104,12 @@ class _Watchdog:
                 continue
             self.failure = failure
             kill_new_children(self._before, grace_s=1.0)  # next() in the loop now raises
-            if not self._done.wait(self._grace_s) and self._main is not None:
-                self.interrupted = True  # stuck outside the loader (in the step): interrupt it
-                signal.pthread_kill(self._main, signal.SIGINT)
+            if self._done.wait(self._grace_s) or self._main is None:
+                return
+            with self._ending:
+                if not self._done.is_set():  # stuck outside the loader (in the step)
+                    self.interrupted = True
+                    signal.pthread_kill(self._main, signal.SIGINT)
             return
 
 
