@@ -352,9 +352,8 @@ def test_a_batch_samplers_epoch_length_comes_from_the_batches_measured() -> None
     search tries persistent workers (it never did)."""
     runner = InlineRunner(SleepDataset(n=400, sleep_s=0.0002), fixed={"batch_sampler": _Buckets()})
     assert runner.epoch_samples is None  # not known before a trial
-    limits = Limits(timeout_s=30, startup_s=20, hang_s=5)
     try:
-        result = runner.run(Config(1), window=window_for(Config(1), window_s=0.2), limits=limits)
+        result = run(runner, Config(1), window_s=0.2)
     finally:
         runner.close()
     assert result.ok, result.failure
