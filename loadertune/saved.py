@@ -98,7 +98,6 @@ def apply_saved(
         if problem is not None:
             raise RecommendationFileError(f"{path}: the entry for {wkey} {problem}.")
         entries.append(SavedEntry.from_entry(wkey, entry))
-        entries[-1].partial = store.partial_why(entry)
     return ApplySaved(entries, report=report)
 
 

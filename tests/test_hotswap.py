@@ -246,7 +246,8 @@ def test_a_batch_samplers_epoch_counts_the_batches_its_own_loader_gave_first() -
     only the rest of its batches: the epoch's samples count the ones given before too (a new
     user's 800-sample epochs, taken over after 5 of 25 batches, were recorded as 640)."""
     batches = [list(range(i, i + 32)) for i in range(0, 800, 32)]
-    whole, rest = EpochOrder(batches), EpochOrder(iter(batches[5:]), given=5)
+    whole = EpochOrder(batches, batches=True)
+    rest = EpochOrder(iter(batches[5:]), given=5, batches=True)
     assert whole.take(0, 3) and whole.samples() == 800  # its length times the mean so far
     for order in (whole, rest):
         order.take(0, 100)  # to its end

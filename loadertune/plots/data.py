@@ -124,7 +124,7 @@ class ReportData:
     def sampler_decides(self) -> bool:
         """The loader's batch sampler makes its batches: its trials' batch size (1) says
         nothing."""
-        return any(t.sampler_decides for t in self.trials)
+        return bool((self.entry.get("workload") or {}).get("batch_size_fixed"))
 
     def label(self, config: Config) -> str:
         """``config``'s label (``bs=sampler`` where the batch sampler decides)."""

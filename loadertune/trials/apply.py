@@ -27,6 +27,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
+from loadertune import store
 from loadertune.config import Config, kwargs_label
 from loadertune.hardware import usable_cpus
 from loadertune.trials import lifeline
@@ -70,6 +71,7 @@ class SavedEntry:
             dataset=workload.get("dataset") or None,
             index=workload.get("loader_index") if not workload.get("call_site") else None,
             lines=tuple(lines) if isinstance(lines, list) else (),
+            partial=store.partial_why(entry),
         )
 
     def differs(self, record: LoaderRecord, *, moved: bool = False) -> str | None:

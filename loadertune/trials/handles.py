@@ -17,11 +17,13 @@ dataset's (``Subset``, ``ConcatDataset``), never calling into them.
 from __future__ import annotations
 
 import io
+import itertools
 import multiprocessing
 import socket
 import sqlite3
 import tarfile
 import zipfile
+from collections.abc import Iterator
 from typing import Any
 
 from torch.utils.data import DataLoader
@@ -59,15 +61,20 @@ def _what(value: Any) -> str | None:
 
 
 def _attributes(value: Any) -> list[tuple[str, Any]]:
-    if isinstance(value, dict):
-        return [(f"[{k!r}]", v) for k, v in list(value.items())[:_MAX_ITEMS]]
+    """The first :data:`_MAX_ITEMS` of what ``value`` holds, named (a dataset's index of a
+    million entries is not copied to look at its first few)."""
     if isinstance(value, list | tuple):
         return [(f"[{i}]", v) for i, v in enumerate(value[:_MAX_ITEMS])]
-    try:
-        found = vars(value)
-    except TypeError:  # no __dict__
-        return []
-    return [(f".{k}", v) for k, v in list(found.items())[:_MAX_ITEMS]]
+    named: Iterator[tuple[str, Any]]
+    if isinstance(value, dict):
+        named = ((f"[{k!r}]", v) for k, v in value.items())
+    else:
+        try:
+            attrs = vars(value)
+        except TypeError:  # no __dict__
+            return []
+        named = ((f".{k}", v) for k, v in attrs.items())
+    return list(itertools.islice(named, _MAX_ITEMS))
 
 
 def shared_handles(dataset: Any) -> list[str]:

@@ -220,7 +220,8 @@ class HotSwap:
     def epoch(self) -> Iterator[Any]:
         """What ``iter(loader)`` returns: one epoch's batches, whatever setting is in use."""
         source = self.loader.sampler if self.regroup else self.loader.batch_sampler
-        return self._enter(EpochOrder(source, limit=self._limit()))  # type: ignore[arg-type]
+        order = EpochOrder(source, limit=self._limit(), batches=not self.regroup)  # type: ignore[arg-type]
+        return self._enter(order)
 
     def follow(self, loader: DataLoader[Any]) -> None:
         """The script created its loader again (a new one every epoch, with this epoch's
@@ -250,7 +251,9 @@ class HotSwap:
         regrouped as one stream of samples; with ``drop_last`` the script's batch sampler has
         dropped its short tail already, and each setting then drops its own."""
         units = itertools.chain.from_iterable(batches) if self.regroup else batches
-        return self._enter(EpochOrder(units, limit=self._limit(), given=given))
+        return self._enter(
+            EpochOrder(units, limit=self._limit(), given=given, batches=not self.regroup)
+        )
 
     def _limit(self) -> Callable[[], int | None] | None:
         """What tells an epoch how many batches it may give the script (see the module

@@ -143,7 +143,10 @@ class InlineRunner(BaseRunner):
         self.gpu_index: int | None = None
         self.epoch_samples = self._epoch_length()
         self._sharding_checked = False
-        self._handles_checked = False
+        found = handles.fork_warning(
+            dataset, self.fixed.get("multiprocessing_context"), self.fixed.get("worker_init_fn")
+        )
+        self._handles_warning = [found] if found else []  # with the first trial's result
 
     def _step_uses_cuda(self) -> bool:
         """pin_memory is worth searching when the batch goes to the GPU: ours without a step; the
@@ -188,7 +191,8 @@ class InlineRunner(BaseRunner):
             raise ValueError("an in-process trial needs explicit settings")
         window, limits = request.window, request.limits
         replay = request.phase == "replay"
-        warnings = self._check_sharding(config) + self._check_handles()
+        warnings = self._check_sharding(config) + self._handles_warning
+        self._handles_warning = []  # (said once)
         result = TrialResult(config, phase=request.phase)
         before = set(_children())
         dl.reset_cuda_peaks()
@@ -314,17 +318,6 @@ class InlineRunner(BaseRunner):
             if self.gpu_index is None:
                 self.gpu_index = dl.nvml_index_for_current_device()
         self.uses_cuda = self._step_uses_cuda()
-
-    def _check_handles(self) -> list[str]:
-        """Once: warn when forked workers would share the dataset's open files or connections."""
-        if self._handles_checked:
-            return []
-        self._handles_checked = True
-        fixed = self.fixed
-        found = handles.fork_warning(
-            self.dataset, fixed.get("multiprocessing_context"), fixed.get("worker_init_fn")
-        )
-        return [found] if found else []
 
     def _check_sharding(self, config: Config) -> list[str]:
         """Once, for an IterableDataset: warn when its workers yield duplicate samples."""

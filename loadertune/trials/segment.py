@@ -60,6 +60,7 @@ class EpochOrder:
         *,
         limit: Callable[[], int | None] | None = None,
         given: int = 0,
+        batches: bool = False,
     ) -> None:
         try:
             self.length: int | None = len(source)  # type: ignore[arg-type]
@@ -69,7 +70,8 @@ class EpochOrder:
         self._units: list[Any] = []
         self._base = 0  # the epoch index of _units[0]
         self._exhausted = False
-        self._sizes = [0, 0]  # units taken that have a length (batches), and their samples
+        self._batches = batches  # its units are a batch sampler's batches (not sample indices)
+        self._sizes = [0, 0]  # batches taken, and their samples (where units are batches)
         self._before = given  # batches the script's own loader gave before this order began
         self.position = 0
         self.given = given
@@ -116,7 +118,7 @@ class EpochOrder:
                 self._exhausted = True
                 break
             self._units.append(unit)
-            if hasattr(unit, "__len__"):
+            if self._batches:  # (not per sample index: this runs as the workers are fed)
                 self._sizes[0] += 1
                 self._sizes[1] += len(unit)
         return self._units[start - self._base : end]
