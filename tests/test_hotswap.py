@@ -229,7 +229,7 @@ def test_a_batch_samplers_epoch_length_comes_from_its_batches() -> None:
     ranks by the per-epoch rate); they were unknown without a ``batch_size``."""
     loader = DataLoader(Indices(300), batch_sampler=Buckets(300))
     configs = [Config(1), Config(1, 2, 2, persistent_workers=True), Config(1, 1, 2)]
-    conductor = Listed(configs, window_s=0.1)
+    conductor = Listed(configs, whole=True)  # each window ends with its epoch
     swap = HotSwap(loader, conductor, fall_back=False)
     epochs = epochs_through(swap, conductor)
     assert all(sorted(e) == list(range(300)) for e in epochs)
@@ -239,6 +239,19 @@ def test_a_batch_samplers_epoch_length_comes_from_its_batches() -> None:
         assert abs(outcome.epoch_samples - 300) <= 15, outcome.epoch_samples
     persistent = conductor.outcomes[1].measurement
     assert persistent is not None and persistent.reentry_s  # its next epoch's start, timed
+
+
+def test_a_batch_samplers_epoch_length_is_known_as_the_next_epoch_begins() -> None:
+    """A trial whose window ends at the next epoch's first batch reports the epoch just
+    counted: under load one ended there, before the new epoch had a batch, and had none."""
+    loader = DataLoader(Indices(300), batch_sampler=Buckets(300))
+    swap = HotSwap(loader, Listed([Config(1)], window_s=60.0), fall_back=False)
+    try:
+        assert sorted(i for b in swap.epoch() for i in b.flatten().tolist()) == list(range(300))
+        swap.epoch()  # the next epoch begins; no batch taken yet
+        assert swap.epoch_samples(Config(1)) == 300
+    finally:
+        swap.close()
 
 
 def test_a_batch_samplers_epoch_counts_the_batches_its_own_loader_gave_first() -> None:

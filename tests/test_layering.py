@@ -17,6 +17,7 @@ RANKS = {
     "loadertune.errors": 0,
     "loadertune.units": 0,
     "loadertune.tracebacks": 0,
+    "loadertune.signals": 0,  # Ctrl-C held over a fork or a write
     "loadertune.config": 1,
     "loadertune.store": 1,
     "loadertune.workload_keys": 1,  # the store's keys

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from loadertune import signals
 from loadertune.measure.counting import FixedCount, structure_counter
 from loadertune.measure.window import Measurement, NullSink, Sink, WindowSpec
 
@@ -223,7 +224,8 @@ class Meter:
         self._index_in_epoch = 0
         self._n_wraps += 1
         try:
-            self._it = iter(iterable)  # starts non-persistent workers: the loader's own failure
+            with signals.held():  # a Ctrl-C in the workers' fork would be lost
+                self._it = iter(iterable)  # non-persistent workers start: the loader's failure
         except BaseException:
             self.failed_in_next = True
             raise

@@ -16,9 +16,6 @@ import contextlib
 import dataclasses
 import datetime as _dt
 import functools
-import os
-import signal
-import threading
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -28,6 +25,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState
 
+from loadertune import signals
 from loadertune.config import Config
 from loadertune.errors import ConfigError, SearchInterrupted
 from loadertune.search.probe import Estimates
@@ -37,39 +35,22 @@ from loadertune.trials import TrialResult
 OPENING = "opening"  # the study attribute that keeps the opening's trials (see keep_opening)
 STARTED = "started"  # the study attribute that says when the study was created (UTC, ISO)
 KEEP_REPLACED = 8  # replaced studies kept per name (see :func:`_replace`), the newest
-_HELD = (signal.SIGINT, signal.SIGTERM)
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _whole(method: _F) -> _F:
     """A write to the study is not cut in half by Ctrl-C or SIGTERM: the signal waits for the
-    write's end, then the handler in place runs as it would have (it raises KeyboardInterrupt,
-    which the search turns into "interrupted, run it again"). Cut in half, the storage's commit
-    fails with an error of its own, and that error, not the interruption, ended the search."""
+    write's end (:func:`loadertune.signals.held`), then the handler in place runs as it would
+    have (it raises KeyboardInterrupt, which the search turns into "interrupted, run it
+    again"). Cut in half, the storage's commit fails with an error of its own, and that error,
+    not the interruption, ended the search."""
 
     @functools.wraps(method)
-    def held(*args: Any, **kwargs: Any) -> Any:
-        if threading.current_thread() is not threading.main_thread():
+    def whole(*args: Any, **kwargs: Any) -> Any:
+        with signals.held():
             return method(*args, **kwargs)
-        caught: list[int] = []
 
-        def hold(signum: int, _frame: Any) -> None:
-            caught.append(signum)
-
-        previous: dict[int, Any] = {sig: signal.signal(sig, hold) for sig in _HELD}
-        try:
-            return method(*args, **kwargs)
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-            if caught:
-                handler = previous[caught[0]]
-                if callable(handler):
-                    handler(caught[0], None)
-                elif handler == signal.SIG_DFL:
-                    os.kill(os.getpid(), caught[0])  # its default action, now
-
-    return held  # type: ignore[return-value]
+    return whole  # type: ignore[return-value]
 
 
 def _distributions(space: SearchSpace, config: Config) -> dict[str, BaseDistribution]:

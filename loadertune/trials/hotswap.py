@@ -270,6 +270,8 @@ class HotSwap:
         return promised
 
     def _enter(self, order: EpochOrder) -> Iterator[Any]:
+        if self._order is not None and not self.regroup:  # the epoch left: its batches' count
+            self._sampler_samples = self._order.samples() or self._sampler_samples
         self._order = order
         self._pending.clear()  # fetched for an epoch the script has left
         if self.current is not None and self.current.draining:

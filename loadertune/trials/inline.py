@@ -180,7 +180,7 @@ class InlineRunner(BaseRunner):
         """What the meter wraps each epoch: the loader, or one cached batch again and again."""
         if not replay:
             return loader
-        first = next(iter(loader))
+        first = next(dl.started(loader))
         if self.bytes_per_sample is None:
             self.bytes_per_sample = dl.bytes_per_sample(first)
         self._transfer = dl.transfer_rates(first)
@@ -359,7 +359,7 @@ class InlineRunner(BaseRunner):
             _internals.end_epoch_now(meter.iterator)
         meter.release()  # drop the old epoch's iterator (and its workers, unless persistent)
         t = time.perf_counter()
-        it = iter(loader)
+        it = dl.started(loader)
         next(it)
         elapsed = time.perf_counter() - t
         del it

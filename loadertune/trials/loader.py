@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
+from loadertune import signals
 from loadertune.config import Config
 from loadertune.measure import nvml
 from loadertune.measure.counting import FixedCount, structure_count, structure_counter
@@ -56,6 +57,14 @@ def quiet_worker_warning() -> Iterator[None]:
         yield
     finally:
         _QUIET.reset(token)
+
+
+def started(loader: DataLoader[Any]) -> Iterator[Any]:
+    """``iter(loader)``, which forks its workers, with Ctrl-C held until they are up (a Ctrl-C
+    in a fork's callbacks is lost: :mod:`loadertune.signals`) and without the "more workers
+    than CPUs" warning (:func:`quiet_worker_warning`)."""
+    with quiet_worker_warning(), signals.held():
+        return iter(loader)
 
 
 def apply_settings(arguments: Mapping[str, Any], config: Config) -> dict[str, Any]:
@@ -329,7 +338,7 @@ def duplicated_across_workers(
     kwargs: dict[str, Any] = {"batch_size": batch_size, "num_workers": 2, "timeout": 60}
     if collate_fn is not None:
         kwargs["collate_fn"] = collate_fn
-    it = iter(DataLoader(dataset, **kwargs))
+    it = started(DataLoader(dataset, **kwargs))
     try:
         first, second = next(it), next(it)
     except StopIteration:

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from torch.utils.data import DataLoader
 
+from loadertune import signals
 from loadertune.trials.identity import (
     RECORD_ATTRIBUTE,
     LoaderRecord,
@@ -112,13 +113,17 @@ def patched(controller: Controller) -> Iterator[None]:
             orig_init(self, **controller.on_create(record, arguments))
         object.__setattr__(self, RECORD_ATTRIBUTE, record)
 
+    def original(loader: DataLoader[Any]) -> Iterator[Any]:
+        with signals.held():  # the workers' fork: a Ctrl-C there would be lost
+            return orig_iter(loader)
+
     @functools.wraps(orig_iter)
     def __iter__(self: DataLoader[Any]) -> Iterator[Any]:
         record = self.__dict__.get(RECORD_ATTRIBUTE)
         if record is None:  # built before the patch
-            return orig_iter(self)
+            return original(self)
         siblings.iterated(record)
-        return controller.on_iter(self, record, orig_iter)
+        return controller.on_iter(self, record, original)
 
     @functools.wraps(orig_len)
     def __len__(self: DataLoader[Any]) -> int:

@@ -258,8 +258,7 @@ class Segment:
         if self.order.full():
             return iter(())
         self.sampler.restart(self.order)
-        with dl.quiet_worker_warning():
-            self.iterator = iter(self.loader)
+        self.iterator = dl.started(self.loader)
         return _Delivered(self, self.iterator, self.order)
 
     def delivered(self, batch: Any) -> None:
@@ -295,8 +294,7 @@ class Segment:
         samples, as the batch sampler made it: a custom collate's batch (a dataclass) may not
         show them."""
         self.sampler.restart(self.order)  # type: ignore[arg-type]
-        with dl.quiet_worker_warning():
-            it = iter(self.loader)
+        it = dl.started(self.loader)
         try:
             batch = next(it)
             self.samples = self.sampler.emitted[0][1]  # the first batch made
