@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import copy
-import functools
 import itertools
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -29,22 +28,31 @@ from loadertune.trials import messages
 _QUIET = contextvars.ContextVar("loadertune_quiet_worker_warning", default=False)
 
 
+class _QuietCheck:
+    """``DataLoader.check_worker_number_rationality``, skipped while :data:`_QUIET` is set (the
+    check, not a warnings filter: ``warnings.catch_warnings`` is not thread-safe, and each use
+    resets the "once per place" memory of every warning, so torch's warning about the script's
+    own loaders came at every epoch of a tuned run instead of once). A descriptor, not a
+    function around the check: torch's warning then names the place it names without
+    loadertune (a wrapper's frame had made it name this module for the user's own loaders)."""
+
+    def __init__(self, check: Callable[..., None]) -> None:
+        self.check = check
+
+    def __get__(self, loader: DataLoader[Any] | None, owner: type | None = None) -> Any:
+        if loader is not None and _QUIET.get():
+            return _skip
+        return self.check.__get__(loader, owner)
+
+
+def _skip() -> None:
+    pass
+
+
 def _install_quiet_check() -> None:
-    """Let :data:`_QUIET` skip DataLoader's worker-count check (the check, not a warnings
-    filter: ``warnings.catch_warnings`` is not thread-safe, and each use resets the "once per
-    place" memory of every warning, so torch's warning about the script's own loaders came at
-    every epoch of a tuned run instead of once)."""
-    check = DataLoader.check_worker_number_rationality
-    if getattr(check, "_loadertune_quiet", False):
-        return
-
-    @functools.wraps(check)
-    def quiet_check(self: DataLoader[Any]) -> None:
-        if not _QUIET.get():
-            check(self)
-
-    quiet_check._loadertune_quiet = True  # type: ignore[attr-defined]
-    DataLoader.check_worker_number_rationality = quiet_check  # type: ignore[method-assign]
+    if not isinstance(DataLoader.__dict__["check_worker_number_rationality"], _QuietCheck):
+        check = DataLoader.__dict__["check_worker_number_rationality"]
+        DataLoader.check_worker_number_rationality = _QuietCheck(check)  # type: ignore[assignment,method-assign]
 
 
 @contextlib.contextmanager
