@@ -19,7 +19,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-HELD = (signal.SIGINT, signal.SIGTERM)
+_HELD = (signal.SIGINT, signal.SIGTERM)
 
 
 @contextlib.contextmanager
@@ -41,7 +41,7 @@ def held() -> Iterator[None]:
         else:
             caught.append(signum)
 
-    for sig in HELD:
+    for sig in _HELD:
         handler = signal.getsignal(sig)
         if handler is not None:  # None: set outside Python, left alone
             previous[sig] = signal.signal(sig, hold)

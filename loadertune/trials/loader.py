@@ -50,8 +50,8 @@ def _skip() -> None:
 
 
 def _install_quiet_check() -> None:
-    if not isinstance(DataLoader.__dict__["check_worker_number_rationality"], _QuietCheck):
-        check = DataLoader.__dict__["check_worker_number_rationality"]
+    check = DataLoader.__dict__["check_worker_number_rationality"]
+    if not isinstance(check, _QuietCheck):
         DataLoader.check_worker_number_rationality = _QuietCheck(check)  # type: ignore[assignment,method-assign]
 
 
