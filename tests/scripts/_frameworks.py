@@ -1,13 +1,18 @@
-"""Tiny datasets the framework scripts share (no downloads, CPU only), and a collate function
-that, when ``$LOADERTUNE_TEST_LOG`` names a folder, writes what each batch really was: its
-length and the worker that made it, per trial process (so a test can check, from inside the
-trial, that a trial ran the setting it recorded)."""
+"""Tiny datasets the framework scripts share (no downloads), and a collate function that, when
+``$LOADERTUNE_TEST_LOG`` names a folder, writes what each batch really was: its length and the
+worker that made it, per trial process (so a test can check, from inside the trial, that a
+trial ran the setting it recorded)."""
 
 import os
 import time
 
 import torch
 from torch.utils.data import Dataset, default_collate, get_worker_info
+
+# The frameworks train on the CPU, except where ``$LOADERTUNE_TEST_CUDA`` is 1 (the GPU checks,
+# scripts/gpu_checks.sh): then they place the model and batches where they would by default.
+ON_CPU = os.environ.get("LOADERTUNE_TEST_CUDA") != "1"
+ACCELERATOR = "cpu" if ON_CPU else "gpu"  # Lightning's name
 
 
 def collate(samples):

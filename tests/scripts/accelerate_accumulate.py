@@ -10,7 +10,7 @@ import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader, Dataset
 
-from _frameworks import collate
+from _frameworks import ON_CPU, collate
 
 
 class Slow(Dataset):
@@ -31,7 +31,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--epochs", type=int, default=20)
     a = p.parse_args()
-    accelerator = Accelerator(gradient_accumulation_steps=4, cpu=True)
+    accelerator = Accelerator(gradient_accumulation_steps=4, cpu=ON_CPU)
     model = torch.nn.Sequential(torch.nn.Linear(10, 64), torch.nn.GELU(), torch.nn.Linear(64, 3))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.StepLR(opt, 5)

@@ -7,12 +7,12 @@ import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
-from _frameworks import Features, ValFeatures, collate
+from _frameworks import ON_CPU, Features, ValFeatures, collate
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=20)
 epochs = parser.parse_args().epochs
-accelerator = Accelerator(cpu=True)
+accelerator = Accelerator(cpu=ON_CPU)
 model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
 train = DataLoader(Features(), batch_size=32, shuffle=True, collate_fn=collate)

@@ -5,7 +5,7 @@ import tempfile
 
 from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
 
-from _frameworks import Tokens, collate
+from _frameworks import ON_CPU, Tokens, collate
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=50)
@@ -29,7 +29,7 @@ args = TrainingArguments(
     save_strategy="no",
     logging_strategy="no",
     report_to=[],
-    use_cpu=True,
+    use_cpu=ON_CPU,
     disable_tqdm=True,
 )
 trainer = Trainer(

@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import Dataset
 from transformers import GPT2Config, GPT2ForSequenceClassification, Trainer, TrainingArguments
 
-from _frameworks import collate
+from _frameworks import ON_CPU, collate
 
 
 class Reviews(Dataset):
@@ -48,7 +48,7 @@ def main():
         logging_steps=25,
         save_strategy="no",
         report_to="none",
-        use_cpu=True,
+        use_cpu=ON_CPU,
         disable_tqdm=True,
         dataloader_num_workers=0,
         learning_rate=5e-4,

@@ -6,7 +6,7 @@ import argparse
 import lightning as L
 from torch.utils.data import DataLoader
 
-from _frameworks import Features, ValFeatures, collate
+from _frameworks import ACCELERATOR, Features, ValFeatures, collate
 from lightning_fit import Classifier
 
 
@@ -26,7 +26,7 @@ if __name__ == "__main__":
     parser.add_argument("--epochs", type=int, default=20)
     trainer = L.Trainer(
         max_epochs=parser.parse_args().epochs,
-        accelerator="cpu",
+        accelerator=ACCELERATOR,
         devices=1,
         logger=False,
         enable_checkpointing=False,

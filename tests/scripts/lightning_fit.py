@@ -7,7 +7,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from _frameworks import Features, ValFeatures, collate
+from _frameworks import ACCELERATOR, Features, ValFeatures, collate
 
 
 class Classifier(L.LightningModule):
@@ -37,7 +37,7 @@ if __name__ == "__main__":
     val = DataLoader(ValFeatures(n=500), batch_size=50, collate_fn=collate)
     trainer = L.Trainer(
         max_epochs=epochs,
-        accelerator="cpu",
+        accelerator=ACCELERATOR,
         devices=1,
         logger=False,
         enable_checkpointing=False,
