@@ -83,6 +83,15 @@ def check_trials_ran_their_settings(
         pid: [(n, worker) for n, worker in made if not (n == val_batch and worker == "main")]
         for pid, made in _batches(tmp_path).items()
     }
+    # A replay hands one batch, made in the main process at its batch size, to the step again
+    # and again; the process may go on to a setting of the same batch size (on a GPU machine
+    # a replay at batch 64 went on to bs=64 w=13, whose process then had one batch of "main").
+    for trial in entry["trials"]:
+        if trial["phase"] == "replay":
+            one = (trial["params"]["batch_size"], "main")
+            for pid in trial.get("pids") or []:
+                if one in batches.get(pid, []):
+                    batches[pid].remove(one)
     measured = [
         t
         for t in entry["trials"]
