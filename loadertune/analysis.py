@@ -375,16 +375,33 @@ def clearly_better(outcome: SearchOutcome, hw: Hardware) -> bool:
         return conf.clearly_better_than_baseline(sub_windows=not busy)
     if winner == base or busy:
         return False
+    return sub_windows_clearly_better(
+        _sub_window_rates(outcome, winner), _sub_window_rates(outcome, base)
+    )
 
-    def rates(config: Config) -> list[float]:
-        return [
-            r
-            for t in outcome.results_for(config)
-            if t.ok and t.measurement and not t.pruned
-            for r in t.measurement.sub_window_samples_per_s
-        ]
 
-    return sub_windows_clearly_better(rates(winner), rates(base))
+def unconfirmed(outcome: SearchOutcome) -> bool:
+    """Nothing could compare the winner with the baseline: no final rounds measured the winner,
+    and one of the two has fewer than two sub-window rates in this run (a short epoch measured
+    whole, once), so :func:`clearly_better` had nothing to test. "Within the noise" would then
+    be a claim no figure supports: on an H200, a 45-s search of the image example, whose
+    trials took 5 to 10 s each, left no time for rounds, and a winner at 13 times the baseline's
+    rate per epoch, measured in one window, was called within the noise."""
+    winner, base = outcome.winner, outcome.baseline
+    conf = outcome.confirmation
+    if winner == base or (conf is not None and conf.winner == winner):
+        return False
+    return min(len(_sub_window_rates(outcome, c)) for c in (winner, base)) < 2
+
+
+def _sub_window_rates(outcome: SearchOutcome, config: Config) -> list[float]:
+    """Every sub-window rate this run measured of ``config``."""
+    return [
+        r
+        for t in outcome.results_for(config)
+        if t.ok and t.measurement and not t.pruned
+        for r in t.measurement.sub_window_samples_per_s
+    ]
 
 
 def warnings(outcome: SearchOutcome, hw: Hardware) -> list[str]:
@@ -396,7 +413,13 @@ def warnings(outcome: SearchOutcome, hw: Hardware) -> list[str]:
             "(median): every figure moves with their load, and a setting measured while it "
             "peaked can look much faster or slower than it is; search again on a quiet machine"
         )
-    if outcome.winner != outcome.baseline and not clearly_better(outcome, hw):
+    if unconfirmed(outcome):
+        out.append(
+            "the winner was not measured beside your settings: the budget left no time for "
+            "side-by-side rounds, and one short window of each is too little to tell noise "
+            "from a difference; a longer search (--budget, or budget_s=) confirms it"
+        )
+    elif outcome.winner != outcome.baseline and not clearly_better(outcome, hw):
         out.append(
             "the winner does not clearly beat your settings: the difference is within "
             "the noise of this machine"

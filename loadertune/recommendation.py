@@ -84,6 +84,8 @@ class Recommendation:
         baseline_samples_per_s: their confirmed rate.
         speedup: winner over baseline, by epoch rate (start-up included), or None.
         within_noise: True when the winner does not clearly beat the baseline.
+        unconfirmed: True when nothing could compare them (no final rounds of the winner, and
+            one short window of one of them): ``within_noise`` is then unknown, not shown.
         best_at_batch_size: the best setting at the user's own batch size, with its rate (the
             overall winner may use another batch size; the learning rate then usually needs
             scaling with it).
@@ -117,6 +119,7 @@ class Recommendation:
     baseline: dict[str, Any] | None = None
     epoch_samples: int | None = None
     between_epochs_s: float | None = None
+    unconfirmed: bool = False
     measured_at: str = field(
         default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     )
@@ -128,6 +131,7 @@ class Recommendation:
             "samples_per_s": self.samples_per_s,
             "speedup": self.speedup,
             "within_noise": self.within_noise,
+            "unconfirmed": self.unconfirmed,
             "winner": self.winner,
             "baseline": {"loader_kwargs": self.baseline_kwargs, **(self.baseline or {})},
             "best_at_batch_size": self.best_at_batch_size,
@@ -171,6 +175,7 @@ def build_recommendation(
         baseline_samples_per_s=base_fig["samples_per_s"] if base_fig else None,
         speedup=speedup,
         within_noise=not analysis.clearly_better(outcome, hw),
+        unconfirmed=analysis.unconfirmed(outcome),
         best_at_batch_size=(
             {"loader_kwargs": at_bs.loader_kwargs(), **(at_bs_fig or {})}
             if at_bs is not None

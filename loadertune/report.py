@@ -338,6 +338,14 @@ def _end_to_end(entry: Mapping[str, Any]) -> str | None:
     )
 
 
+def noise_words(entry: Mapping[str, Any]) -> str:
+    """What noise lets the speed-up say, in a few words for a one-line summary: "within the
+    noise", "not confirmed", or "" (clearly faster)."""
+    if entry.get("unconfirmed"):
+        return "not confirmed"
+    return "within the noise" if entry.get("within_noise") else ""
+
+
 def summary_lines(rec: Recommendation | Mapping[str, Any]) -> list[str]:
     """The verdict in plain lines, from a Recommendation or a file entry. Total: any optional
     part may be missing (a resumed search whose winner was measured only in an earlier run, a
@@ -355,6 +363,11 @@ def summary_lines(rec: Recommendation | Mapping[str, Any]) -> list[str]:
     if speedup is not None:
         if not entry.get("within_noise"):
             verdict = "clearly faster than your settings"
+        elif entry.get("unconfirmed"):
+            verdict = (
+                "not confirmed: each was measured in one short window, with no time left to "
+                "measure them side by side"
+            )
         elif speedup < 1:
             # It led over the whole search (the rounds and the exploration's figures pooled),
             # not in the rounds alone. The pooled figures rank the two better than the rounds:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from loadertune import api, hardware, saved, store
 from loadertune.config import Config, normalize_batch_sizes
 from loadertune.errors import ConfigError, LoadertuneError, SearchInterrupted
-from loadertune.report import trial_line
+from loadertune.report import noise_words, trial_line
 from loadertune.search import SearchSettings
 from loadertune.trials import TrialResult
 from loadertune.trials.identity import target_line
@@ -197,7 +197,8 @@ class Tuner:
                 self.saved_to = str(rec.save(self.out))
             except LoadertuneError as exc:
                 self.report(f"loadertune: could not save the winner: {exc}")
-            noise = " (within the noise)" if rec.within_noise else ""
+            noise = noise_words(rec.to_entry())
+            noise = f" ({noise})" if noise else ""
             speedup = f", {rec.speedup:.2f}x per epoch{noise}" if rec.speedup else ""
             self.report(
                 f"loadertune: tuned in {rec.search.get('elapsed_s', 0):.0f} s "

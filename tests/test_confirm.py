@@ -458,6 +458,41 @@ def test_a_winner_the_confirmation_never_measured_is_not_called_clearly_faster()
     assert clear.within_noise is False
 
 
+def test_a_winner_of_one_short_window_and_no_rounds_is_not_confirmed_rather_than_noise() -> None:
+    """No final rounds, and the winner measured in one window too short for two sub-windows (on
+    an H200 a 45-s search of the image example, at 13 times the baseline's rate per epoch):
+    nothing compared the two, so the verdict is "not confirmed", not "within the noise" (which
+    told the user that keeping their settings loses nothing). Two sub-windows each are
+    compared, as before; so is a confirmation that measured the winner."""
+    from loadertune.hardware import detect
+    from loadertune.recommendation import build_recommendation
+    from loadertune.report import noise_words, summary_lines
+
+    def outcome(winner_subs: list[float], conf: Confirmation | None = None) -> SearchOutcome:
+        base = _result(A, 100.0, sub=[90.0, 110.0, 100.0, 100.0])
+        base.phase = "baseline"
+        win = _result(B, 1300.0, sub=winner_subs)
+        win.phase = "search"
+        return _outcome([base, win], conf, values={A: 100.0, B: 1300.0})
+
+    hw = detect()
+    once = build_recommendation(outcome([1300.0]), hw, workload={})
+    assert once.within_noise is True and once.unconfirmed is True
+    entry = once.to_entry()
+    assert entry["unconfirmed"] is True and noise_words(entry) == "not confirmed"
+    (verdict,) = [line for line in summary_lines(entry) if line.startswith("speed-up")]
+    assert "not confirmed" in verdict and "noise" not in verdict and "keep" not in verdict
+    warnings = once.diagnosis["warnings"]
+    assert any("not measured beside your settings" in w for w in warnings), warnings
+    assert not any("within the noise" in w for w in warnings), warnings
+
+    twice = build_recommendation(outcome([1250.0, 1350.0]), hw, workload={})
+    assert twice.unconfirmed is False and twice.within_noise is False
+    rounds = _confirmation(A, {A: [100.0, 104.0], B: [1300.0, 1280.0]})
+    confirmed = build_recommendation(outcome([1300.0], rounds), hw, workload={})
+    assert confirmed.unconfirmed is False
+
+
 def test_where_a_batch_sampler_decides_neither_setting_names_a_batch_size() -> None:
     """A batch sampler decides the batches: the baseline is labelled as the winner is
     ("bs=sampler"), not "bs=1" beside it (a new user's table read "bs=1 w=0" against

@@ -14,7 +14,7 @@ from loadertune import hardware, store
 from loadertune.cli._common import err, fail
 from loadertune.config import kwargs_label
 from loadertune.errors import LoadertuneError
-from loadertune.report import plain_console
+from loadertune.report import noise_words, plain_console
 
 
 @click.command()
@@ -77,7 +77,7 @@ def _show_entry(console: Console, workload: str, entry: Any) -> None:
     label = kwargs_label(kwargs) if kwargs else "-"
     speed = f"{rate:,.0f} samples/s" if rate else "-"
     speedup = entry.get("speedup")
-    noise = ", within the noise" if entry.get("within_noise") else ""
+    noise = f", {noise_words(entry)}" if noise_words(entry) else ""
     console.print(
         f"    {label}  {speed}"
         + (f"  ({speedup:.2f}x over baseline{noise})" if speedup else "")
