@@ -83,3 +83,31 @@ def test_outside_the_main_thread_the_block_runs_as_it_is() -> None:
     t.start()
     t.join()
     assert ran == [signal.default_int_handler]
+
+
+class _CtrlCWhenFreed:
+    def __del__(self) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_a_ctrl_c_in_a_trials_teardown_finalizers_interrupts_the_search(monkeypatch) -> None:
+    """Python drops an exception raised in a finalizer, and a trial's teardown runs many
+    (torch's shutdown, the queues' feeder joins, the collection): a Ctrl-C that landed in one
+    was lost, and ``tune_loader`` ran its whole budget (2 of 64 Ctrl-C's of a stress test)."""
+    from loadertune import tune_loader
+    from loadertune.errors import SearchInterrupted
+    from loadertune.trials import inline
+
+    collect = inline.gc.collect
+    sent: list[bool] = []
+
+    def collect_and_drop() -> int:
+        if not sent:
+            sent.append(True)
+            _CtrlCWhenFreed()  # freed at once: its __del__ sends Ctrl-C
+        return collect()
+
+    monkeypatch.setattr(inline.gc, "collect", collect_and_drop)
+    with pytest.raises(SearchInterrupted):
+        tune_loader(list(range(512)), batch_size=16, budget_s=20, verbose=False, resume=False)
+    assert sent

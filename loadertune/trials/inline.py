@@ -25,6 +25,7 @@ import psutil
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+from loadertune import signals
 from loadertune.config import Config
 from loadertune.errors import UserCodeError
 from loadertune.measure.failures import Failure, FailureKind, classify_exception
@@ -215,12 +216,18 @@ class InlineRunner(BaseRunner):
 
         with _internals.worker_deaths_deferred():
             error = _internals.contained(measure)  # classified below, once the workers are down
-            _internals.settle(
-                functools.partial(self._settle, result, held, error, dog, config, before, replay)
-            )
-        if isinstance(error, KeyboardInterrupt) and not dog.interrupted:
+            # The teardown runs finalizers (torch's shutdown, the queues' feeder joins, the
+            # collection), where Python drops an exception: a Ctrl-C there would be lost.
+            with signals.held():
+                _internals.settle(
+                    functools.partial(
+                        self._settle, result, held, error, dog, config, before, replay
+                    )
+                )
+                if not isinstance(error, KeyboardInterrupt) or dog.interrupted:
+                    error = None  # (its traceback's frames are freed here, held too)
+        if error is not None:
             raise error  # the user's Ctrl-C: cleaned up; the search records it
-        del error
         if result.failure is not None:
             result.failure = sup.explain(result.failure)
             result.resources = result.resources or sup.usage_so_far()
