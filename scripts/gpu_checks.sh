@@ -4,8 +4,9 @@
 # search on CUDA. Each part has its own time limit so that a hang in one leaves the others'
 # output. Logs go to $OUT (or ./gpu-out).
 #
-#   bash scripts/gpu_checks.sh                     # every part
-#   bash scripts/gpu_checks.sh pytest frameworks   # some: pytest frameworks bench search
+#   bash scripts/gpu_checks.sh                     # every part: about 12 minutes on an H200
+#   bash scripts/gpu_checks.sh pytest frameworks   # some of pytest (1.5 min), frameworks (6),
+#                                                  # bench (3) and search (1)
 #
 # Packages the machine lacks travel as wheels in .whl/ (optuna and its needs), installed first.
 set -u
@@ -35,7 +36,7 @@ fi
 if wants frameworks; then
 # Lightning, Accelerate and the Hugging Face Trainer as they run by default on a GPU machine.
 echo "== framework tests on CUDA" | tee "$out/frameworks.log"
-LOADERTUNE_TEST_CUDA=1 timeout 300 python3 -m pytest -q -p no:cacheprovider --durations=5 \
+LOADERTUNE_TEST_CUDA=1 timeout 480 python3 -m pytest -v -p no:cacheprovider --durations=6 \
     tests/test_frameworks.py -k "lightning or accelerate or hugging" 2>&1 | tee -a "$out/frameworks.log"
 fi
 
