@@ -444,18 +444,23 @@ def test_a_winner_the_confirmation_never_measured_is_not_called_clearly_faster()
     from loadertune.hardware import detect
     from loadertune.recommendation import build_recommendation
 
-    def outcome(winner_subs: list[float]) -> SearchOutcome:
-        base = _result(A, 100.0, sub=[90.0, 110.0, 100.0, 100.0])
-        base.phase = "baseline"
-        win = _result(B, 176.0, sub=winner_subs)
-        win.phase = "search"
-        return _outcome([base, win], None, values={A: 100.0, B: 176.0})
-
     hw = detect()
-    lucky = build_recommendation(outcome([105.0, 300.0, 200.0, 99.0]), hw, workload={})
-    assert lucky.within_noise is True
-    clear = build_recommendation(outcome([170.0, 180.0, 175.0, 179.0]), hw, workload={})
-    assert clear.within_noise is False
+    lucky = _explored_winner(176.0, [105.0, 300.0, 200.0, 99.0])
+    assert build_recommendation(lucky, hw, workload={}).within_noise is True
+    clear = _explored_winner(176.0, [170.0, 180.0, 175.0, 179.0])
+    assert build_recommendation(clear, hw, workload={}).within_noise is False
+
+
+def _explored_winner(
+    rate: float, sub: list[float], confirmation: Confirmation | None = None
+) -> SearchOutcome:
+    """Baseline A at 100 samples/s (four sub-windows), winner B at ``rate`` in one window of
+    the exploration with sub-window rates ``sub``."""
+    base = _result(A, 100.0, sub=[90.0, 110.0, 100.0, 100.0])
+    base.phase = "baseline"
+    win = _result(B, rate, sub=sub)
+    win.phase = "search"
+    return _outcome([base, win], confirmation, values={A: 100.0, B: rate})
 
 
 def test_a_winner_of_one_short_window_and_no_rounds_is_not_confirmed_rather_than_noise() -> None:
@@ -468,15 +473,8 @@ def test_a_winner_of_one_short_window_and_no_rounds_is_not_confirmed_rather_than
     from loadertune.recommendation import build_recommendation
     from loadertune.report import noise_words, summary_lines
 
-    def outcome(winner_subs: list[float], conf: Confirmation | None = None) -> SearchOutcome:
-        base = _result(A, 100.0, sub=[90.0, 110.0, 100.0, 100.0])
-        base.phase = "baseline"
-        win = _result(B, 1300.0, sub=winner_subs)
-        win.phase = "search"
-        return _outcome([base, win], conf, values={A: 100.0, B: 1300.0})
-
     hw = detect()
-    once = build_recommendation(outcome([1300.0]), hw, workload={})
+    once = build_recommendation(_explored_winner(1300.0, [1300.0]), hw, workload={})
     assert once.within_noise is True and once.unconfirmed is True
     entry = once.to_entry()
     assert entry["unconfirmed"] is True and noise_words(entry) == "not confirmed"
@@ -486,10 +484,10 @@ def test_a_winner_of_one_short_window_and_no_rounds_is_not_confirmed_rather_than
     assert any("not measured beside your settings" in w for w in warnings), warnings
     assert not any("within the noise" in w for w in warnings), warnings
 
-    twice = build_recommendation(outcome([1250.0, 1350.0]), hw, workload={})
+    twice = build_recommendation(_explored_winner(1300.0, [1250.0, 1350.0]), hw, workload={})
     assert twice.unconfirmed is False and twice.within_noise is False
     rounds = _confirmation(A, {A: [100.0, 104.0], B: [1300.0, 1280.0]})
-    confirmed = build_recommendation(outcome([1300.0], rounds), hw, workload={})
+    confirmed = build_recommendation(_explored_winner(1300.0, [1300.0], rounds), hw, workload={})
     assert confirmed.unconfirmed is False
 
 
