@@ -416,8 +416,8 @@ def warnings(outcome: SearchOutcome, hw: Hardware) -> list[str]:
     if unconfirmed(outcome):
         out.append(
             "the winner was not measured beside your settings: the budget left no time for "
-            "side-by-side rounds, and one short window of each is too little to tell noise "
-            "from a difference; a longer search (--budget, or budget_s=) confirms it"
+            "side-by-side rounds, and one short window is too little to tell noise from a "
+            "difference; a longer search (--budget, or budget_s=) confirms it"
         )
     elif outcome.winner != outcome.baseline and not clearly_better(outcome, hw):
         out.append(

@@ -77,7 +77,8 @@ def _show_entry(console: Console, workload: str, entry: Any) -> None:
     label = kwargs_label(kwargs) if kwargs else "-"
     speed = f"{rate:,.0f} samples/s" if rate else "-"
     speedup = entry.get("speedup")
-    noise = f", {noise_words(entry)}" if noise_words(entry) else ""
+    noise = noise_words(entry)
+    noise = f", {noise}" if noise else ""
     console.print(
         f"    {label}  {speed}"
         + (f"  ({speedup:.2f}x over baseline{noise})" if speedup else "")
