@@ -385,8 +385,8 @@ def unconfirmed(outcome: SearchOutcome) -> bool:
     and one of the two has fewer than two sub-window rates in this run (a short epoch measured
     whole, once), so :func:`clearly_better` had nothing to test. "Within the noise" would then
     be a claim no figure supports: on an H200, a 45-s search of the image example, whose
-    trials took 5 to 10 s each, left no time for rounds, and a winner at 13 times the baseline's
-    rate per epoch, measured in one window, was called within the noise."""
+    5 trials took 40 s, left no time for rounds, and a winner at 13 times the baseline's rate
+    per epoch, measured in one window, was called within the noise."""
     winner, base = outcome.winner, outcome.baseline
     conf = outcome.confirmation
     if winner == base or (conf is not None and conf.winner == winner):

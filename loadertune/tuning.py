@@ -197,7 +197,7 @@ class Tuner:
                 self.saved_to = str(rec.save(self.out))
             except LoadertuneError as exc:
                 self.report(f"loadertune: could not save the winner: {exc}")
-            noise = noise_words(rec.to_entry())
+            noise = noise_words({"within_noise": rec.within_noise, "unconfirmed": rec.unconfirmed})
             noise = f" ({noise})" if noise else ""
             speedup = f", {rec.speedup:.2f}x per epoch{noise}" if rec.speedup else ""
             self.report(
