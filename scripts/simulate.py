@@ -1458,6 +1458,50 @@ def report_live(n: int, seed: int, budget_s: float, out: Any) -> None:
         p(f"\nthe best setting from the start (no tuning): median {np.median(ideal):.3f}")
 
 
+def _score_row(s: Score) -> dict[str, Any]:
+    return {
+        "mode": s.mode,
+        "index": s.index,
+        "ratio": s.ratio,
+        "cause": s.cause,
+        "stop": s.stop_reason,
+        "sim_s": s.sim_s,
+        "trials": s.n_trials,
+    }
+
+
+def report_paired(before_path: str, after_path: str, *, out: Any) -> int:
+    """Two policies on the same workloads (two ``--scores-json`` files of one seed), workload
+    by workload: how many picks each moved across 0.95, and the change in the share below it,
+    in the 5th percentile and in the median, per mode. A difference of a few workloads in 300 is
+    what noise alone makes: the paired counts say which workloads moved, both ways."""
+    runs = []
+    for path in (before_path, after_path):
+        with open(path) as fh:
+            runs.append(json.load(fh))
+    if runs[0]["seed"] != runs[1]["seed"]:
+        out.write(f"different seeds ({runs[0]['seed']} and {runs[1]['seed']}): not paired\n")
+        return 2
+    rows = [{(r["mode"], r["index"]): r for r in run["scores"]} for run in runs]
+    for mode in sorted({m for m, _ in rows[0]}):
+        keys = [k for k in rows[0] if k[0] == mode and k in rows[1]]
+        a = np.array([rows[0][k]["ratio"] for k in keys])
+        b = np.array([rows[1][k]["ratio"] for k in keys])
+        up = [k[1] for k in keys if rows[0][k]["ratio"] < 0.95 <= rows[1][k]["ratio"]]
+        down = [k[1] for k in keys if rows[1][k]["ratio"] < 0.95 <= rows[0][k]["ratio"]]
+        out.write(
+            f"{mode:7} n={len(keys)}  <0.95 {np.mean(a < 0.95):.1%} -> {np.mean(b < 0.95):.1%}"
+            f"  p5 {np.percentile(a, 5):.3f} -> {np.percentile(b, 5):.3f}"
+            f"  median {np.median(a):.3f} -> {np.median(b):.3f}"
+            f"  mean {a.mean():.3f} -> {b.mean():.3f}\n"
+            f"        rose past 0.95: {len(up)} {up[:20]}\n"
+            f"        fell below 0.95: {len(down)} {down[:20]}\n"
+            f"        sim s: median {np.median([rows[0][k]['sim_s'] for k in keys]):.1f}"
+            f" -> {np.median([rows[1][k]['sim_s'] for k in keys]):.1f}\n"
+        )
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=300, help="workloads to draw")
@@ -1473,6 +1517,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--workload-json", help="write the drawn workloads to this file")
     ap.add_argument("--one", type=int, help="trace the search of workload INDEX, trial by trial")
     ap.add_argument(
+        "--scores-json",
+        help="write each search's score (mode, index, ratio, cause, stop reason) to this file",
+    )
+    ap.add_argument(
+        "--paired",
+        nargs=2,
+        metavar=("BEFORE", "AFTER"),
+        help="compare two --scores-json files of the same seed workload by workload, and exit",
+    )
+    ap.add_argument(
         "--oracle",
         action="store_true",
         help="also: how often a policy told the best setting and its closest rival below 0.95 "
@@ -1484,6 +1538,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="every launch of a script starts a fresh interpreter (as before the fork server)",
     )
     args = ap.parse_args(argv)
+    if args.paired:
+        return report_paired(*args.paired, out=sys.stdout)
     SimRunner.fork_server = not args.no_fork_server
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(3), "big")
     modes = list(MODES) if args.mode == "both" else [args.mode]
@@ -1505,6 +1561,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.workload_json:
         with open(args.workload_json, "w") as fh:
             json.dump([w.to_dict() for w in workloads.values()], fh, indent=1)
+    if args.scores_json:
+        with open(args.scores_json, "w") as fh:
+            json.dump(
+                {"seed": seed, "scores": [_score_row(s) for m in modes for s in scores[m]]}, fh
+            )
     for mode in modes:
         report(scores[mode], workloads, mode, args.budget, sys.stdout)
     if args.oracle:
