@@ -566,10 +566,13 @@ class Search:
             return "compute_bound", space  # nothing to gain: confirm the baseline and stop
         if self.observer:
             self.observer.phase("explore")
+        # The batch sizes that ran out of GPU memory in the opening (a replay) are no seeds'
+        # extremes: the largest that may fit is (its loading in-process, its own workers).
+        fit = tuple(b for b in space.batch_sizes if self.ledger.frontier.may_win(Config(b)))
         seeds = (
             seed_configs(
                 est,
-                space,
+                dataclasses.replace(space, batch_sizes=fit) if fit else space,
                 batch_size=self.baseline.batch_size,
                 epoch_length_known=bool(self.runner.epoch_samples),
                 window_s=self.settings.trial_window_s,

@@ -38,8 +38,13 @@ def dominated(config: Config, failed: Config, kind: str) -> bool:
         return config.num_workers >= failed.num_workers
     if kind == "batch_size_rejected":  # the user's code fails at this batch size, any loading
         return config.batch_size == failed.batch_size
-    if kind == "oom":  # GPU memory grows with the batch, not the workers
-        return config.batch_size >= failed.batch_size and config.pin_memory == failed.pin_memory
+    if kind == "oom":  # GPU memory grows with the batch, not the workers; pinning the batch
+        # adds none (its copy is host memory), so an unpinned batch that ran out rules out the
+        # pinned one too, but not the other way round (pinning itself may fail as "out of
+        # memory", a page-locked host allocation)
+        return config.batch_size >= failed.batch_size and (
+            config.pin_memory == failed.pin_memory or not failed.pin_memory
+        )
     if kind == "timeout" and failed.num_workers:  # too slow to start or to deliver: more
         # workers start slower still, whatever their prefetch
         return config.num_workers >= failed.num_workers and config.batch_size >= failed.batch_size

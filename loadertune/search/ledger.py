@@ -36,10 +36,11 @@ class Ledger:
 
     def add(self, result: TrialResult) -> None:
         """Record one trial; all but the replay (which skips loading) teach something, but for
-        the user's code failing at the replay's batch size, loading or not."""
+        what fails at the replay's batch size, loading or not: the user's code rejecting it,
+        or the step running out of GPU memory (the same step, the same batch)."""
         self.trials.append(result)
         if result.phase == "replay":
-            if result.error == FailureKind.BATCH_SIZE_REJECTED:
+            if result.error in (FailureKind.BATCH_SIZE_REJECTED, FailureKind.OOM):
                 self.frontier.learn(result)
             return
         self.n_run += result.phase != "confirm"
