@@ -243,7 +243,9 @@ class TrialController:
                 batch_sampler=loader.batch_size is None,
                 batch_size_fixed=dl.why_batch_size_fixed(loader),
                 cuda_available=torch.cuda.is_available(),
-                warnings=self._sharding_warnings(loader) + self._fork_warnings(loader),
+                warnings=self._sharding_warnings(loader)
+                + self._fork_warnings(loader)
+                + self._also_fed_warnings(),
                 one_setting_only=one_only,
                 sources=user_sources(),
             )
@@ -302,6 +304,22 @@ class TrialController:
             self.watch.close()
             self._choose(metered.key, "the first loader to fill a window (no optimizer)")
         self._done(m)
+
+    def _also_fed_warnings(self) -> list[str]:
+        """Other loaders that yielded beside the chosen one before the step that chose it (a
+        ``zip`` of two): the user may mean another."""
+        if self.watch is None or self._chosen_by != "the optimizer":
+            return []
+        out = []
+        for key in self.watch.alongside:
+            other = self._candidates.get(key)
+            if other is not None:
+                i = other.record.index
+                out.append(
+                    f"DataLoader #{i} at {other.record.call_site} also fed the optimizer's "
+                    f"steps (--loader {i} tunes it instead)"
+                )
+        return out
 
     def _fork_warnings(self, loader: DataLoader[Any]) -> list[str]:
         """Does the dataset hold handles forked workers share? (In every launch: a resumed

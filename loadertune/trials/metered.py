@@ -13,6 +13,7 @@ the batch size it ran with rather than the one it asked for.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -82,7 +83,8 @@ class Metered:
         window_s: the measured window.
         whole_epoch: the window is an epoch (``WindowSpec.whole_epoch``).
         on_full: called with this and the measurement when the window is full.
-        on_batch: called with the key after every batch (the optimizer's feed watch), or None.
+        on_batch: called with the key and the seconds its ``next()`` took after every batch
+            (the optimizer's feed watch), or None.
     """
 
     def __init__(
@@ -95,7 +97,7 @@ class Metered:
         window_s: float,
         whole_epoch: bool = False,
         on_full: Callable[[Metered, Measurement], None],
-        on_batch: Callable[[tuple[str, ...]], None] | None = None,
+        on_batch: Callable[[tuple[str, ...], float], None] | None = None,
     ) -> None:
         self.record = record
         self.key = record.identity
@@ -206,6 +208,7 @@ class MeteredEpoch:
         return self
 
     def __next__(self) -> Any:
+        asked = time.perf_counter()
         if self._metered.meter is not self._wrapped and self._metered.active:  # restarted
             self._wrapped = self._meter = self._metered.meter.wrap(self._raw)  # type: ignore[arg-type]
         meter = self._meter
@@ -224,7 +227,7 @@ class MeteredEpoch:
             self._metered.saw(batch)
         on_batch = self._metered.on_batch
         if on_batch is not None:
-            on_batch(self._metered.key)
+            on_batch(self._metered.key, time.perf_counter() - asked)
         self._given += 1
         return batch
 

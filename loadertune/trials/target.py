@@ -5,10 +5,13 @@ key of the loader it found, :mod:`loadertune.trials.identity`), or else found th
 means it: **the loader that feeds the optimizer**. Every ``optimizer.step()`` (torch's global
 step hook, so every optimizer of every framework) is fed by the loader that yielded the last
 batch before it, or, when several yielded since the step before (a loop over ``zip(main,
-itertools.cycle(aux))``, whose ``aux`` yields last), by the one of them with the most samples
-per epoch: it sets the epoch's length; the first loader to feed two steps is the training
-loader. Lightning's sanity check iterates the validation loader first, and evaluation loops
-iterate other loaders between epochs: none of them is stepped on.
+aux)``), by the one the loop waited on most: of those, the one whose ``next()`` calls took at
+least :data:`WAIT_DECIDES` times as long as each other's so far, the training's time the
+settings can win back (a ``zip`` of an image dataset with a larger in-memory one tuned the
+in-memory one, by its longer epoch); where no wait stands out, the one with the most samples
+per epoch (``itertools.cycle(aux)`` repeats a short one). The first loader to feed two steps is
+the training loader. Lightning's sanity check iterates the validation loader first, and
+evaluation loops iterate other loaders between epochs: none of them is stepped on.
 
 A loop without an optimizer (inference, a loader benchmarked alone) has no step: there the loader
 whose measured window fills first is the one, as long as no optimizer exists at all (an optimizer
@@ -48,13 +51,19 @@ class Selector:
         return False
 
 
+# Of loaders zipped into each step, one whose next() calls took this many times as long as each
+# other's is the one the step waits on (see the module docstring).
+WAIT_DECIDES = 2.0
+
+
 class FeedWatch:
     """Finds the loader that feeds the optimizer (see the module docstring).
 
     Call :meth:`yielded` for each batch a loader yields until :attr:`fed` is set. At each
     optimizer step, the loader that yielded the last batch gets a vote, or of several that
-    yielded since the step before, the one with the most samples per epoch (``epoch_samples``
-    of its key; unknown counts as none); the first to get ``VOTES`` is the one (so that a batch
+    yielded since the step before, the one the loop waited on most, or else the one with the most
+    samples per epoch (``epoch_samples`` of its key; unknown counts as none) (see
+    :meth:`_feeder`); the first to get ``VOTES`` is the one (so that a batch
     of another loader drawn inside a training step, now and then, does not decide).
     ``on_found`` is called once with its key, from inside ``optimizer.step()``.
     """
@@ -72,26 +81,42 @@ class FeedWatch:
         self._epoch_samples = epoch_samples
         self._votes: dict[tuple[str, ...], int] = {}
         self._since: dict[tuple[str, ...], None] = {}  # yielded since the last step, in order
+        self._waited: dict[tuple[str, ...], float] = {}  # seconds in its next() calls so far
+        self.alongside: dict[tuple[str, ...], None] = {}  # others that fed a step it won
         self.steps = 0
         self.fed: tuple[str, ...] | None = None
         self._handle = register_optimizer_step_pre_hook(self._on_step)
 
-    def yielded(self, key: tuple[str, ...]) -> None:
+    def yielded(self, key: tuple[str, ...], wait_s: float = 0.0) -> None:
+        """``key``'s loader gave a batch, after ``wait_s`` seconds in its ``next()``."""
         self._since.pop(key, None)
         self._since[key] = None  # the last to yield, last
+        self._waited[key] = self._waited.get(key, 0.0) + wait_s
 
     def _on_step(self, optimizer: object, args: object, kwargs: object) -> None:
         self.steps += 1
         since, self._since = list(self._since), {}
         if self.fed is not None or not since:
             return
-        # the last to yield, unless another of those since the step before has a longer epoch
-        key = max(reversed(since), key=lambda k: self._epoch_samples(k) or 0)
+        key = self._feeder(since)
         self._votes[key] = self._votes.get(key, 0) + 1
+        if self._votes[key] >= self.VOTES:
+            self.alongside = {k: None for k in since if k != key}
         if self._votes[key] >= self.VOTES:
             self.fed = key
             self.close()
             self._on_found(key)
+
+    def _feeder(self, since: list[tuple[str, ...]]) -> tuple[str, ...]:
+        """Of the loaders that yielded since the step before (in order), the one the loop waited
+        on most by :data:`WAIT_DECIDES` or more; else the last to yield, unless another has a
+        longer epoch."""
+        if len(since) > 1:
+            waited = sorted(since, key=lambda k: self._waited.get(k, 0.0), reverse=True)
+            most, runner_up = (self._waited.get(k, 0.0) for k in waited[:2])
+            if most > 0 and most >= WAIT_DECIDES * runner_up:
+                return waited[0]
+        return max(reversed(since), key=lambda k: self._epoch_samples(k) or 0)
 
     def close(self) -> None:
         self._handle.remove()
