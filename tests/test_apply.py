@@ -270,6 +270,36 @@ def test_an_edit_above_the_loader_moves_it_and_its_entry_follows(tmp_path: Path)
     assert any("reads otherwise" in line and "not changed" in line for line in lines), lines
 
 
+def test_another_call_of_the_training_loaders_helper_is_not_taken_for_an_edit(
+    tmp_path: Path,
+) -> None:
+    """Training and validation loaders made by one helper, of one dataset class, the script
+    unchanged: the validation loader is left alone as created by another call, not told its
+    code "reads otherwise now than when it was measured" and to search again (a new user's
+    script was)."""
+    path = tmp_path / "mytrain.py"
+    path.write_text(
+        textwrap.dedent("""
+            from torch.utils.data import DataLoader
+            from workloads import TensorDataset
+
+            def make(ds, bs):
+                return DataLoader(ds, batch_size=bs)
+
+            train = make(TensorDataset(n=32), 4)
+            val = make(TensorDataset(n=16), 8)
+        """)
+    )
+    _, _, found = _run_file(path, [])
+    entry = _entry_for(found.created[0])
+    ns, lines, controller = _run_file(path, [entry])
+    assert ns["train"].num_workers == 2 and ns["val"].num_workers == 0
+    (said,) = [line for line in lines if "not changed" in line]
+    assert "mytrain.py:9, the entry's loader by" in said and "mytrain.py:8" in said, said
+    assert "reads otherwise" not in said and "loadertune search" not in said, said
+    assert controller.unapplied() == []
+
+
 def test_a_frameworks_other_loader_at_the_same_line_is_named_as_such() -> None:
     """A Trainer builds its training and its evaluation loader from one line of the user's
     (``trainer.train()``): the evaluation loader is left alone as created by other code, not

@@ -94,8 +94,15 @@ class SavedEntry:
         # Other code of the framework's (a Trainer's evaluation loader, built at the line of its
         # training loader) is another loader, not an edit: it had been told its code "reads
         # otherwise now than when it was measured". The framework's functions alone compared:
-        if same is False and same_key(record.identity, self.key, user_frames=0):
+        if (
+            same is False
+            and same_key(record.identity, self.key, user_frames=0)
+            and same_key(record.identity, self.key, user_frames=2)
+        ):
             return "its code reads otherwise now than when it was measured"
+        # At other lines, reading otherwise: another call of the same helper (a validation
+        # loader made by the training loader's function had been told its code "reads otherwise
+        # now"), or an edit that moved and changed the line: which lines, is what is known.
         if not same_key(record.identity, self.key, user_frames=2):
             pairs = zip(record.identity, self.key, strict=False)
             mine, theirs = next(((a, b) for a, b in pairs if a != b), ("another way", "another"))
@@ -154,6 +161,7 @@ class ApplySaved:
                 other = entry.key is not None and (  # another loader there, not an edit
                     ordinal(record.identity) != ordinal(entry.key)
                     or not same_key(record.identity, entry.key, user_frames=0)
+                    or bool(entry.applied)  # its own loader was found in this run
                 )
                 hint = (
                     ""
