@@ -384,7 +384,7 @@ def summary_lines(rec: Recommendation | Mapping[str, Any]) -> list[str]:
             # not for free: a batch size of its own asks the learning rate to change with it
             verdict = (
                 "within the noise of your settings, at another batch size: keeping yours "
-                "loses nothing (the winner is saved)"
+                "loses nothing (`loadertune run` keeps it, with the best setting at it)"
             )
         else:
             verdict = (

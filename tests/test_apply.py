@@ -67,6 +67,35 @@ def test_the_entry_goes_to_its_loader_only_and_the_other_at_its_line_is_named() 
     assert controller.unapplied() == []
 
 
+def test_a_winner_at_another_batch_size_within_the_noise_leaves_the_batch_size_alone() -> None:
+    """Within the noise of the script's settings, a winner at another batch size is passed over
+    for the best at the script's own (the training would change, for no sure gain); clearly
+    faster, it is applied, with the learning-rate note."""
+    _, _, found = _run([])
+    record = found.created[0]
+    own_best = {"batch_size": 4, "num_workers": 1, "prefetch_factor": 2}
+    entry = {
+        "loader_kwargs": KWARGS,
+        "within_noise": True,
+        "best_at_batch_size": {"loader_kwargs": own_best, "samples_per_s": 100.0},
+        "workload": {
+            "call_site": record.call_site,
+            "key": list(record.identity),
+            "lines": list(record.lines),
+            "dataset": record.dataset,
+        },
+    }
+    ns, lines, _ = _run([SavedEntry.from_entry("script mytrain.py", entry)])
+    assert (ns["train"].batch_size, ns["train"].num_workers) == (4, 1)
+    (applied,) = [line for line in lines if "#1 at mytrain.py:9" in line]
+    assert "bs=16 w=2 pf=4 persist, changes the batch size and was within the noise" in applied
+    assert "learning rate" not in applied
+    clearly = SavedEntry.from_entry("script mytrain.py", {**entry, "within_noise": False})
+    ns, lines, _ = _run([clearly])
+    assert (ns["train"].batch_size, ns["train"].num_workers) == (16, 2)
+    assert any("learning rate" in line for line in lines)
+
+
 def test_every_loader_of_the_run_gets_the_workers_lifeline() -> None:
     """Changed or not, each loader's workers die with the run (issue 14; the SIGKILLed run is
     tests/test_cli.py::test_workers_die_with_a_sigkilled_run)."""

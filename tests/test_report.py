@@ -513,7 +513,10 @@ def test_within_the_noise_says_what_keeping_the_settings_means() -> None:
     """Within the noise, the winner is "for free" only at the user's batch size (another asks the
     learning rate to change with it), and a winner that is the user's own setting is said so."""
     other_bs = summary_lines(_recommendation(within_noise=True, speedup=1.03))
-    assert "at another batch size: keeping yours loses nothing (the winner is saved)" in other_bs[0]
+    assert (
+        "at another batch size: keeping yours loses nothing (`loadertune run` keeps it"
+        in (other_bs[0])
+    )
     assert "for free" not in other_bs[0]
     same_bs = _recommendation(within_noise=True, speedup=1.03)
     same_bs.loader_kwargs = Config(64, 4).loader_kwargs()

@@ -55,6 +55,9 @@ class SavedEntry:
     index: int | None = None  # order of creation (entries that record nothing else)
     lines: tuple[str, ...] = ()  # the text of the key's user frames (LoaderRecord.lines)
     partial: str | None = None  # why it is a best-so-far, not a finished search's winner
+    # the search's winner, where it changed the batch size within the noise of the script's own
+    # settings and the best at the script's batch size is applied instead (its label)
+    passed_over: str | None = None
     applied: list[LoaderRecord] = field(default_factory=list)
 
     @classmethod
@@ -63,9 +66,11 @@ class SavedEntry:
         workload = workload if isinstance(workload, dict) else {}
         key = workload.get("key")
         lines = workload.get("lines")
+        own = _at_own_batch_size(entry)
         return cls(
             name=name,
-            loader_kwargs=dict(entry["loader_kwargs"]),
+            loader_kwargs=dict(own or entry["loader_kwargs"]),
+            passed_over=kwargs_label(entry["loader_kwargs"]) if own else None,
             call_site=workload.get("call_site") or None,
             key=tuple(key) if isinstance(key, list) and key else None,
             dataset=workload.get("dataset") or None,
@@ -124,6 +129,23 @@ class SavedEntry:
         if self.call_site is None:
             return f"#{self.index or 1}"
         return f"at {self.call_site}" + (f" ({self.dataset})" if self.dataset else "")
+
+
+def _at_own_batch_size(entry: dict[str, Any]) -> dict[str, Any] | None:
+    """The settings to apply in place of the entry's winner, or None: the best at the user's
+    own batch size where the winner uses another and did not clearly beat the user's settings.
+    A batch size changes the training (the learning rate goes with it), not only its speed,
+    and within the noise nothing says it is faster: a new user's run trained at batch 16, not
+    its own 32, on one short window's figure."""
+    at_bs = entry.get("best_at_batch_size")
+    kwargs = at_bs.get("loader_kwargs") if isinstance(at_bs, dict) else None
+    winner = entry["loader_kwargs"]
+    if not (entry.get("within_noise") and isinstance(kwargs, dict)):
+        return None
+    size = kwargs.get("batch_size")
+    if not isinstance(size, int) or size < 1 or size == winner.get("batch_size"):
+        return None
+    return kwargs
 
 
 class ApplySaved:
@@ -195,6 +217,12 @@ class ApplySaved:
                 moved += (
                     f"; the batch size {size} is the search's pick, not the script's {own}: "
                     "scale the learning rate with it (linearly or by its square root)"
+                )
+            if entry.passed_over:
+                moved += (
+                    f"; the best at the script's batch size: the search's winner, "
+                    f"{entry.passed_over}, changes the batch size and was within the noise of "
+                    "the script's own settings (the training would change for no sure gain)"
                 )
             if entry.partial:
                 moved += (
