@@ -167,6 +167,9 @@ def build_recommendation(
         speedup = win_fig["epoch_samples_per_s"] / base_fig["epoch_samples_per_s"]
     at_bs = outcome.best_at_batch_size(outcome.user_batch_size)
     at_bs_fig = _figures(outcome.results_for(at_bs)) if at_bs is not None else None
+    at_bs_kwargs = at_bs.loader_kwargs() if at_bs is not None else None
+    if hide_batch_size and at_bs_kwargs is not None:  # (not "batch_size: 1" either)
+        at_bs_kwargs.pop("batch_size")
     space = outcome.space
     return Recommendation(
         loader_kwargs=kwargs,
@@ -177,8 +180,8 @@ def build_recommendation(
         within_noise=not analysis.clearly_better(outcome, hw),
         unconfirmed=analysis.unconfirmed(outcome),
         best_at_batch_size=(
-            {"loader_kwargs": at_bs.loader_kwargs(), **(at_bs_fig or {})}
-            if at_bs is not None
+            {"loader_kwargs": at_bs_kwargs, **(at_bs_fig or {})}
+            if at_bs_kwargs is not None
             else None
         ),
         trials=outcome.trials,

@@ -508,6 +508,8 @@ def test_where_a_batch_sampler_decides_neither_setting_names_a_batch_size() -> N
         hide_batch_size=True,
     )
     assert "batch_size" not in rec.loader_kwargs and "batch_size" not in rec.baseline_kwargs
+    assert rec.best_at_batch_size is not None  # the file's copy read "batch_size: 1"
+    assert "batch_size" not in rec.best_at_batch_size["loader_kwargs"]
     (setting,) = [row for row in summary_rows(rec.to_entry()) if row[0] == "setting"]
     assert setting[1].startswith("bs=sampler w=") and setting[2].startswith("bs=sampler w=")
 
