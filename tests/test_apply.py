@@ -111,7 +111,8 @@ def test_a_loader_created_at_every_epoch_gets_the_settings_every_time() -> None:
     entry = SavedEntry("script mytrain.py:13", KWARGS, call_site="mytrain.py:13")
     ns, lines, _ = _run([entry])
     assert [loader.num_workers for loader in ns["epochs"]] == [2, 2, 2]
-    assert len(lines) == 1  # said once
+    assert len(lines) == 2, lines  # said once, and that its persistent workers do not persist
+    assert "#4 at mytrain.py:13" in lines[1] and "keeps no workers" in lines[1], lines
 
 
 def test_an_entry_for_another_dataset_is_not_applied_and_says_what_it_found() -> None:

@@ -230,6 +230,20 @@ class ApplySaved:
                     "`loadertune search` (or `run --tune`) measures it to the end"
                 )
             self.report(f"loadertune: DataLoader {record.describe()}: {entry.label()}{moved}")
+        elif (
+            len(entry.applied) == 1
+            and record.origin is None  # (a framework's rebuilt copy replaces it once)
+            and entry.applied[0].origin is None
+            and entry.loader_kwargs.get("persistent_workers")
+        ):
+            # A loader made again (each epoch): its persistent workers end with it. The search
+            # saw no second epoch to know (a new user's short search saved them for a loader
+            # its script built in a function every epoch).
+            self.report(
+                f"loadertune: DataLoader {record.describe()} is created again, so "
+                "persistent_workers keeps no workers from one to the next: each starts its own "
+                "(a DataLoader built once, before the epochs' loop, would keep them)"
+            )
         entry.applied.append(record)
         config = Config.from_kwargs(entry.loader_kwargs, batch_size=own if own else 1)
         return dl.apply_settings(arguments, config)
