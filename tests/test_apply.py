@@ -78,6 +78,7 @@ def test_a_winner_at_another_batch_size_within_the_noise_leaves_the_batch_size_a
         "loader_kwargs": KWARGS,
         "within_noise": True,
         "best_at_batch_size": {"loader_kwargs": own_best, "samples_per_s": 100.0},
+        "trials": [{"params": own_best, "phase": "search"}, {"params": KWARGS, "phase": "search"}],
         "workload": {
             "call_site": record.call_site,
             "key": list(record.identity),
@@ -94,6 +95,10 @@ def test_a_winner_at_another_batch_size_within_the_noise_leaves_the_batch_size_a
     ns, lines, _ = _run([clearly])
     assert (ns["train"].batch_size, ns["train"].num_workers) == (16, 2)
     assert any("learning rate" in line for line in lines)
+    # settings no trial measured are the user's edit of the file: applied as they are
+    edited = {**entry, "loader_kwargs": {**KWARGS, "num_workers": 3}}
+    ns, lines, _ = _run([SavedEntry.from_entry("script mytrain.py", edited)])
+    assert (ns["train"].batch_size, ns["train"].num_workers) == (16, 3)
 
 
 def test_every_loader_of_the_run_gets_the_workers_lifeline() -> None:

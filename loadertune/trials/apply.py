@@ -136,11 +136,15 @@ def _at_own_batch_size(entry: dict[str, Any]) -> dict[str, Any] | None:
     own batch size where the winner uses another and did not clearly beat the user's settings.
     A batch size changes the training (the learning rate goes with it), not only its speed,
     and within the noise nothing says it is faster: a new user's run trained at batch 16, not
-    its own 32, on one short window's figure."""
+    its own 32, on one short window's figure. Settings the search did not measure are a hand
+    edit of the file, applied as they are."""
     at_bs = entry.get("best_at_batch_size")
     kwargs = at_bs.get("loader_kwargs") if isinstance(at_bs, dict) else None
     winner = entry["loader_kwargs"]
     if not (entry.get("within_noise") and isinstance(kwargs, dict)):
+        return None
+    trials = entry.get("trials")
+    if not any(isinstance(t, dict) and t.get("params") == winner for t in trials or []):
         return None
     size = kwargs.get("batch_size")
     if not isinstance(size, int) or size < 1 or size == winner.get("batch_size"):
