@@ -272,9 +272,13 @@ class Opening:
     def _below_oom(self, w0: TrialResult, first: int, failed: int) -> int | None:
         """The largest batch size offered below ``failed`` (which ran out of GPU memory) that
         loads in :data:`REPLAY_LOAD_S`, if it is above ``first`` (the first replay's)."""
+        return max((b for b in self._quick_to_load(w0) if first < b < failed), default=None)
+
+    def _quick_to_load(self, w0: TrialResult) -> list[int]:
+        """The batch sizes offered whose one batch loads in :data:`REPLAY_LOAD_S` in the main
+        process (at the ``num_workers=0`` trial's cost per sample)."""
         load_s = _load_s_per_sample(w0)
-        below = [b for b in self.batch_sizes if first < b < failed and b * load_s <= REPLAY_LOAD_S]
-        return max(below, default=None)
+        return [b for b in self.batch_sizes if b * load_s <= REPLAY_LOAD_S]
 
     def _replay_batch(self, w0: TrialResult) -> int:
         """The batch size the replay runs at: the user's, where the consumer's ceiling matters;
@@ -283,8 +287,7 @@ class Opening:
         user's that loads in :data:`REPLAY_LOAD_S` (the smallest at worst). The ceiling it gives
         is then low for the larger batches, which the search measures anyway."""
         user = self.baseline.batch_size
-        load_s = _load_s_per_sample(w0)
-        quick = [b for b in self.batch_sizes if b <= user and b * load_s <= REPLAY_LOAD_S]
+        quick = [b for b in self._quick_to_load(w0) if b <= user]
         return max(quick, default=min(self.batch_sizes))
 
     def _second_replay_batch(self, w0: TrialResult, first: int) -> int | None:
@@ -294,9 +297,7 @@ class Opening:
         every batch size (the step's rate per sample grows with the batch when it has one)."""
         if len(self.batch_sizes) < 2:
             return None
-        load_s = _load_s_per_sample(w0)
-        quick = [b for b in self.batch_sizes if b * load_s <= REPLAY_LOAD_S]
-        second = max(quick, default=min(self.batch_sizes))
+        second = max(self._quick_to_load(w0), default=min(self.batch_sizes))
         if second == first:
             second = min(self.batch_sizes)
         return None if second == first else second

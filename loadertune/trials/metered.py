@@ -208,7 +208,8 @@ class MeteredEpoch:
         return self
 
     def __next__(self) -> Any:
-        asked = time.perf_counter()
+        watched = self._metered.on_batch is not None  # (its clock only while it is watched)
+        asked = time.perf_counter() if watched else 0.0
         if self._metered.meter is not self._wrapped and self._metered.active:  # restarted
             self._wrapped = self._meter = self._metered.meter.wrap(self._raw)  # type: ignore[arg-type]
         meter = self._meter

@@ -82,7 +82,8 @@ class FeedWatch:
         self._votes: dict[tuple[str, ...], int] = {}
         self._since: dict[tuple[str, ...], None] = {}  # yielded since the last step, in order
         self._waited: dict[tuple[str, ...], float] = {}  # seconds in its next() calls so far
-        self.alongside: dict[tuple[str, ...], None] = {}  # others that fed a step it won
+        # the others that yielded before the step that decided (in order)
+        self.alongside: dict[tuple[str, ...], None] = {}
         self.steps = 0
         self.fed: tuple[str, ...] | None = None
         self._handle = register_optimizer_step_pre_hook(self._on_step)
