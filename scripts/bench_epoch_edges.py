@@ -204,7 +204,12 @@ def main() -> None:
         "| per epoch / whole |"
     )
     print("|---|---:|---:|---:|---:|---:|")
+    t0 = time.perf_counter()
     by_swap = swapped(dataset, args.reps) if args.swap else {}
+    if by_swap:
+        n_trials = sum(len(r) for r in by_swap.values())
+        took = time.perf_counter() - t0
+        print(f"(the {n_trials} hot-swapped trials took {took:.1f} s, {took / n_trials:.2f} s each)")
     for config in SETTINGS:
         results = by_swap.get(config) or [trial(dataset, config) for _ in range(args.reps)]
         steady = [r.samples_per_s or 0.0 for r in results]

@@ -69,7 +69,9 @@ batch from a worker in ``recv(B) = r0 + r1*B*S`` (inside ``next()``).
   ``sigma(W) = sigma * sqrt(0.5 + 0.5 * ref / W)`` in all; the sub-windows' sigma grows likewise
   as they shorten.
 * A whole-epoch window (``WindowSpec.whole_epoch``) ends with the epoch; begun in a launch's
-  epoch under way, it first waits for that epoch's rest at its own rate.
+  epoch under way, it warms up (``meter.cycle_warmup`` batches) and holds an epoch's batches
+  across the epoch's end, as the meter does; in an epoch under ``meter.CYCLE_MIN_WARMUPS``
+  warm-ups long it first waits for that epoch's rest at its own rate.
 * Wall time of a trial: set-up + first batch + warm-up batches + the window (sub-windows of whole
   batches, at least 4 batches) + a re-entry (inline: every ``n > 0`` trial when ``N`` is known;
   script: with persistent workers) + teardown. Pruning (``should_stop``) is honoured at every
@@ -127,7 +129,7 @@ import loadertune.search.driver
 from loadertune.config import DEFAULT_BATCH_SIZES, Config
 from loadertune.errors import LoadertuneError, UserCodeError
 from loadertune.hardware import Hardware
-from loadertune.measure import failures
+from loadertune.measure import failures, meter
 from loadertune.measure.failures import Failure
 from loadertune.measure.meter import Measurement, WindowSpec
 from loadertune.measure.resources import ResourceUsage
@@ -731,12 +733,19 @@ class SimRunner(BaseRunner):
             warmup_batches = min(warmup_batches, window.settled_after)
         warmup = warmup_batches * period
         whole = window.whole_epoch and bool(w.epoch_samples) and not replay
+        warmed = 0 if whole else window.warmup_batches  # the batches the warm-up gave
         if whole and self.mode == "script" and self.epoch_left:
-            # begun mid-epoch: the rest of the epoch runs unmeasured, the next is the window
-            warmup = self.epoch_left / rate
-            self._gave(self.epoch_left)
+            # begun mid-epoch: an epoch's batches across its end, after a warm-up; or in a
+            # short epoch, the rest of the epoch runs unmeasured and the next is the window
+            cycle = meter.cycle_warmup(window)
+            if math.ceil((w.epoch_samples or 0) / bs) >= meter.CYCLE_MIN_WARMUPS * cycle:
+                warmed = cycle
+                warmup = cycle * period
+            else:
+                warmup = self.epoch_left / rate
+                self._gave(self.epoch_left)
         subs, elapsed, batches, full = self._window(rate, period, window, should_stop, result)
-        self._gave((1 + (0 if whole else window.warmup_batches) + batches) * bs)
+        self._gave((1 + warmed + batches) * bs)
         measured = statistics.fmean(subs)
         reentry = 0.0
         if not replay and n and w.epoch_samples and (self.mode == "inline" or c.persistent_workers):

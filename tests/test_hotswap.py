@@ -94,9 +94,11 @@ def test_each_epoch_holds_every_sample_once_across_setting_changes(
             assert 500 - len(seen) < max(c.batch_size for c in SEQUENCE)
 
 
-def test_whole_epoch_trials_begun_mid_epoch_measure_the_next_epoch_whole() -> None:
-    """After a windowed setting that ends mid-epoch, each whole-epoch setting lets that epoch run
-    out and measures the next from its start to its end: every sample of it, once."""
+def test_whole_epoch_trials_begun_mid_epoch_measure_an_epoch_s_batches_across_its_end() -> None:
+    """After a windowed setting that ends mid-epoch, each whole-epoch setting measures as many
+    batches as an epoch holds, from where it began (after its warm-up) across the epoch's end
+    into the next: the epoch's start-up, first round and tail once each, without waiting for
+    the next epoch to begin. Every epoch still holds every sample once."""
     loader = DataLoader(Indices(), batch_size=16, shuffle=True)
     windowed = Listed([Config(16, 1, 2)], window_s=0.01)
     swap = HotSwap(loader, windowed, fall_back=False)
@@ -115,8 +117,12 @@ def test_whole_epoch_trials_begun_mid_epoch_measure_the_next_epoch_whole() -> No
     epochs = epochs_through(swap, whole)
     assert [o.step.config for o in whole.outcomes] == settings
     for o in whole.outcomes:
-        m = o.measurement
-        assert m is not None and m.whole_epoch and m.n_samples == 500 == o.epoch_samples
+        m, batch_size = o.measurement, o.step.config.batch_size
+        assert m is not None and m.whole_epoch and o.epoch_samples == 500
+        assert m.n_batches == -(-500 // batch_size)  # an epoch's batches
+        # one short batch among them (the rest of the epoch where it began, regrouped)
+        assert 500 - batch_size < m.n_samples <= 500
+        assert m.reentry_s or m.rest_s  # it ran across an epoch's end
     for seen in epochs[1:]:
         assert sorted(seen) == list(range(500))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import time
 
@@ -479,6 +480,79 @@ def test_a_whole_epoch_window_of_persistent_workers_measures_their_second_epoch(
     first = Meter(WindowSpec(warmup_batches=0, window_s=10.0, whole_epoch=True))
     assert sum(1 for _ in first.wrap(slow_batches(6, 0.002))) == 6 and first.done
     assert not first.result().reentry_s  # not persistent: the first epoch is any epoch
+
+
+def _epochs_until_done(meter: Meter, lengths: list[int], *, by_count: bool = False) -> list[int]:
+    """The batches the loop received in each epoch of ``lengths`` until the meter was done;
+    a 30 ms "validation" after each epoch. ``by_count``: the loop asks exactly the epoch's
+    batches (Lightning) and never meets StopIteration."""
+    got = []
+    for n in lengths:
+        if meter.done:
+            break
+        it = meter.wrap(slow_batches(n, 0.002))
+        k = 0
+        for _ in range(n) if by_count else itertools.count():
+            try:
+                next(it)
+            except StopIteration:
+                break
+            k += 1
+            time.sleep(0.003)
+            if by_count and meter.done:
+                break
+        got.append(k)
+        time.sleep(0.03)
+    return got
+
+
+@pytest.mark.parametrize("by_count", [False, True])
+def test_a_whole_epoch_window_begun_mid_epoch_runs_an_epoch_s_batches_across_its_end(
+    by_count: bool,
+) -> None:
+    """Knowing an epoch's batches, a setting swapped in mid-epoch does not wait for the next
+    epoch: after its warm-up (a round and a batch) its window holds as many batches as an epoch,
+    across the epoch's end (its tail, the next one's start-up and first round: each once, as
+    in a whole epoch). The loop's time between the epochs is left out, the next epoch's
+    start-up recorded as a re-entry."""
+    meter = Meter(
+        WindowSpec(warmup_batches=0, window_s=10.0, whole_epoch=True),
+        mid_epoch=True,
+        epoch_batches=20,
+    )
+    t0 = time.perf_counter()
+    got = _epochs_until_done(meter, [12, 20, 20], by_count=by_count)
+    elapsed = time.perf_counter() - t0
+    m = meter.result()
+    # the first batch and 2 of warm-up, 9 in the window; then 11 of the next, the last one
+    # received
+    assert got == [12, 11]
+    assert m.whole_epoch and m.complete and (m.n_batches, m.n_samples) == (20, 160)
+    assert len(m.reentry_s) == 1 and len(m.rest_s) == 1 and m.rest_s[0] >= 0.025
+    assert m.window_s < elapsed - 0.03  # the validation is not in it
+
+
+def test_persistent_workers_whole_epoch_runs_across_their_first_epoch_s_end() -> None:
+    """Persistent workers' first epoch holds their start-up, paid once: the window opens after
+    the warm-up and runs an epoch's batches into the second, whose start is a re-entry. An epoch
+    under four warm-ups long still waits for the next (a short wait; a window of its few
+    batches would be mostly the batches made during the workers' start)."""
+    meter = Meter(
+        WindowSpec(warmup_batches=0, window_s=10.0, whole_epoch=True, round_batches=2),
+        persistent=True,
+        epoch_batches=24,
+    )
+    # the first batch and a warm-up of 3, then 20 in the window and 4 of the next epoch
+    assert _epochs_until_done(meter, [24, 24, 24]) == [24, 4]
+    m = meter.result()
+    assert m.whole_epoch and m.n_batches == 24 and len(m.reentry_s) == 1
+    short = Meter(
+        WindowSpec(warmup_batches=0, window_s=10.0, whole_epoch=True, round_batches=2),
+        persistent=True,
+        epoch_batches=11,
+    )
+    assert _epochs_until_done(short, [11, 11, 11]) == [11, 11]
+    assert short.result().n_batches == 11
 
 
 def test_a_whole_epoch_window_that_outlasts_twice_its_expected_time_ends_as_a_window() -> None:

@@ -39,6 +39,9 @@ SETTLED_WAIT_S = 0.010
 # whole rounds (``WindowSpec.round_batches``).
 ROUNDS_MATTER = 0.05
 _now = time.perf_counter
+# A whole-epoch window runs across an epoch's end, rather than waiting for the next epoch, only
+# in epochs of at least this many times its warm-up: a shorter one costs little to wait for.
+CYCLE_MIN_WARMUPS = 4
 WALL_WINDOWS = 4.0  # a window ends once it has lasted this many window_s of wall time
 
 
@@ -67,6 +70,13 @@ def thread_times() -> tuple[float, float | None]:
     return time.thread_time(), None
 
 
+def cycle_warmup(spec: WindowSpec) -> int:
+    """The warm-up of a whole-epoch window that opens mid-epoch: a round of the workers and one
+    more batch (at least two), as a timed window's (:func:`loadertune.trials.window_for`),
+    ended sooner by a waiting ``next()`` once every worker has delivered."""
+    return max(2, spec.round_batches + 1)
+
+
 class Meter:
     """An iterator proxy that measures the loop consuming it. See the module docstring.
 
@@ -81,15 +91,24 @@ class Meter:
         beat_s: at most one heartbeat per this many seconds.
         on_done: called with the result when the window ends, before ``StopIteration``.
         mid_epoch: the meter begins in the middle of an epoch (a setting swapped in under a
-            running loop): a whole-epoch window (``WindowSpec.whole_epoch``) waits for the next.
+            running loop): a whole-epoch window (``WindowSpec.whole_epoch``) cannot open at
+            the epoch's start.
         persistent: the loader's workers persist across epochs. Their first epoch is no epoch
             as training sees it (its first batch waits for their start, which they pay once):
-            a whole-epoch window waits for the next, which begins with a re-entry, timed
-            (``reentry_s``). Opened on the first, a 6-batch epoch whose first wait held the
-            making of most of its batches read 9,921 samples/s where the script made 2,100.
+            a whole-epoch window cannot open at its start either; the next epoch begins with
+            a re-entry, timed (``reentry_s``). Opened on the first, a 6-batch epoch whose first
+            wait held the making of most of its batches read 9,921 samples/s where the script
+            made 2,100.
         epoch_batches: the batches of a whole epoch, where known: a whole-epoch window ends
             with the step on the last of them, for a loop that stops by count (Lightning asks
-            exactly ``len(loader)`` batches, and its last epoch is followed by no other).
+            exactly ``len(loader)`` batches, and its last epoch is followed by no other). A
+            whole-epoch window that cannot open at an epoch's start (``mid_epoch``,
+            ``persistent``) then warms up (:func:`cycle_warmup`) and holds that many batches
+            across the epoch's end, so that every part of an epoch (the next one's start-up,
+            its first round, this one's tail) is in it once, as in a whole epoch; it used to
+            warm up to the epoch's end and measure the next, up to twice an epoch's time per
+            trial. Unknown, or an epoch under :data:`CYCLE_MIN_WARMUPS` warm-ups long: it
+            waits for the next epoch.
     """
 
     # Slots: the hot path reads and writes a handful of these per batch.
@@ -97,6 +116,8 @@ class Meter:
         "_beat_s",
         "_clock",
         "_count",
+        "_cycle",
+        "_epoch_batches",
         "_excluded",
         "_first_batch_s",
         "_fixed",
@@ -177,12 +198,22 @@ class Meter:
         self._rests: list[float] = []  # the loop's time between two epochs, each seen
         self._last_beat = -math.inf
         self._warmup_left = spec.warmup_batches
-        # warm up to the epoch's end
-        self._to_next_epoch = spec.whole_epoch and (mid_epoch or persistent)
         # the warm-up batches left when a waiting next() may end it (-1: never)
         self._settle_at = (
             -1 if spec.settled_after is None else spec.warmup_batches - spec.settled_after
         )
+        # A whole-epoch window that cannot open at this epoch's start runs across its end, an
+        # epoch's batches long (see _cycle_after), or where that is unknown or too short, waits
+        # for the next epoch, warming up to this one's end.
+        waits = spec.whole_epoch and (mid_epoch or persistent)
+        self._epoch_batches = epoch_batches or 0
+        self._cycle = 0  # the batches of the window that runs across an epoch's end (0: none)
+        if waits and self._epoch_batches >= CYCLE_MIN_WARMUPS * cycle_warmup(spec):
+            self._cycle = self._epoch_batches
+            self._warmup_left = cycle_warmup(spec)
+            self._settle_at = self._warmup_left - max(2, spec.round_batches)
+            self._last_index = -1  # its end is placed when the epoch under way ends
+        self._to_next_epoch = waits and not self._cycle
         self._first_batch_s = math.nan
         self._warmup_start = 0.0
         self._w_start = 0.0
@@ -363,7 +394,15 @@ class Meter:
         """The loop's ``next()`` at ``t0`` found the epoch over; ``by_count``: the loop
         stopped asking, and ``t0`` is when its last step is reckoned to have ended."""
         phase = self._phase
-        if phase == _WINDOW and self.spec.whole_epoch:
+        if phase == _WINDOW and self._cycle:
+            # The window runs on into the next epoch, to its ``cycle``-th batch: every part of
+            # an epoch (its start-up, first round and tail) once, as in a whole epoch.
+            left, self._cycle = self._cycle - self._w_batches, 0
+            self._last_index = left - 1 if left > 0 else -1
+            if left <= 0:  # (it opened at this epoch's start: it was the whole epoch)
+                self._epoch_ended(t0, by_count=by_count)
+                return
+        elif phase == _WINDOW and self.spec.whole_epoch:
             if self._sync is not None and not by_count:  # (by count, ``t0`` is reckoned)
                 self._sync()
                 t0 = self._clock()
@@ -374,6 +413,9 @@ class Meter:
         self._rest_from = t0 if phase != _FIRST else None
         if phase == _FIRST:
             self._to_next_epoch = False  # nothing came: the next epoch starts with the meter
+            if self._cycle:  # and is its window, whole
+                self._cycle = self._warmup_left = 0
+                self._last_index = self._epoch_batches - 1
         else:  # the epoch ended before the window did: the loop is elsewhere
             if self._to_next_epoch:
                 self._phase = _OPENING  # the next epoch is the window
