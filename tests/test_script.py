@@ -452,6 +452,36 @@ def test_a_window_the_scripts_end_cut_short_is_measured_again_in_a_fresh_launch(
         assert set(r.extra["pids"]) == {ran["pid"], *ran.get("cut_short_pids", [])}, r.extra
 
 
+def test_a_whole_epoch_trial_that_the_last_epoch_cannot_hold_starts_in_a_fresh_launch(
+    tmp_path: Path,
+) -> None:
+    """counts.py runs 3 epochs of 38 batches. A whole-epoch trial holds an epoch's batches, so
+    one that would begin in a launch's last epoch cannot end before the script does. The first
+    launch runs one out (cut at the script's end, measured again in a fresh launch) and tells
+    how many epochs a launch holds; after that, such a trial starts in a fresh launch at once,
+    and no other window is cut."""
+    runner = ScriptRunner(SCRIPTS / "counts.py", [str(tmp_path / "c.jsonl"), "3"])
+    limits = Limits(timeout_s=60, startup_s=30, hang_s=5)
+    configs = [Config(16, w, 2) for w in (1, 2, 1, 2, 1, 2, 1, 2)]
+    try:
+        results = [runner.run(None, window=window_for(Config(16), window_s=0.3), limits=limits)]
+        results += [
+            runner.run(c, window=window_for(c, window_s=30.0, whole_epoch=True), limits=limits)
+            for c in configs
+        ]
+        launches, launch_epochs = runner.n_launches, runner.launch_epochs
+    finally:
+        runner.close()
+    assert all(r.ok for r in results), [r.failure for r in results]
+    assert launch_epochs == 3
+    assert launches >= 3, "no launch ran out of epochs: the test tests nothing"
+    for r in results[1:]:
+        m = r.measurement
+        assert m is not None and m.whole_epoch and m.complete and m.n_batches == 38
+    cut = [i for i, r in enumerate(results) if r.extra["ran"].get("cut_short_pids")]
+    assert len(cut) == 1, cut  # the first launch's, before a launch's epochs were known
+
+
 def test_a_worker_killed_mid_sequence_is_recorded_and_the_rest_runs_in_a_fresh_process() -> None:
     runner = ScriptRunner(SCRIPTS / "killer.py")  # kills a worker of a 3-worker loader
     limits = Limits(timeout_s=60, startup_s=30, hang_s=5)

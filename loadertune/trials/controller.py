@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -89,6 +90,15 @@ class TrialController:
         self._chosen_by = "--loader" if self.selector.named else ""
         self.watch = None if self.selector.named else FeedWatch(self._fed, self._epoch_samples)
         self.epoch_lengths = EpochLengths()  # the target's epochs, as the script takes them
+        self._iters: Counter[tuple[str, ...]] = Counter()  # iter() calls per loader key
+
+    def epochs_begun(self) -> int | None:
+        """The tuned loader's epochs this process has begun (its ``iter()`` calls, re-creations
+        included, those before it was found too); None while it is not known."""
+        key = self.target_key
+        if key is None:
+            return None
+        return sum(n for k, n in self._iters.items() if same_key(k, key))
 
     @property
     def loader(self) -> DataLoader[Any] | None:
@@ -120,6 +130,7 @@ class TrialController:
     def on_iter(
         self, loader: DataLoader[Any], record: LoaderRecord, original: OriginalIter
     ) -> Iterator[Any]:
+        self._iters[record.identity] += 1
         if self.target_key is None or not same_key(record.identity, self.target_key):
             return self._epoch(loader, record, original)
         self.epoch_lengths.close()  # (before the next epoch's workers start)
@@ -273,6 +284,7 @@ class TrialController:
             own_batch_size=self._script_batch_size.get(self.target.record.index) or own.batch_size,
             make_sink=lambda: ChannelSink(self.chan),
             epoch_scale=self.epoch_lengths.scale,
+            epochs_begun=self.epochs_begun,
         )
         if not found:
             self.swap = hotswap.HotSwap(loader, self.conductor, fall_back=False, keep_length=True)
@@ -414,6 +426,7 @@ class TrialController:
                 epoch_samples=epoch_samples,
                 ran=ran,
                 rank=self.rank,
+                epochs_begun=self.epochs_begun(),
             )
         )
 
@@ -440,5 +453,6 @@ class TrialController:
                 how=how,
                 iterated=self.target is not None,
                 created=[r.call_site for r in self._records],
+                epochs_begun=self.epochs_begun(),
             )
         )

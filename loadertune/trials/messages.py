@@ -82,6 +82,7 @@ class ResultMsg(TypedDict):
     bytes_per_sample: float | None
     transfer: dict[str, float] | None
     epoch_samples: int | None  # at this trial's batch size
+    epochs_begun: int | None  # the tuned loader's epochs this process has begun (iter() calls)
     # What the loader really ran with: "settings" as built, "workers_started", the
     # "batch_lengths" seen, "loaders" (objects iterated: re-creations), "pid", "rank"
     ran: dict[str, Any]
@@ -112,6 +113,7 @@ class EndedMsg(TypedDict):
     how: str  # "the script ended", "the script exited with status N"
     iterated: bool  # the tuned loader was iterated
     created: list[str]  # the call site of each DataLoader the script created, in order
+    epochs_begun: int | None  # the tuned loader's epochs this process began before its end
 
 
 class HelloMsg(TypedDict):

@@ -154,6 +154,7 @@ class Launch:
     loader: messages.LoaderMsg | None = None  # what it said of its loader
     n_trials: int = 0  # trials started in it
     batch_size: int | None = None  # what its loader ran with last (ResultMsg["ran"])
+    epochs_begun: int | None = None  # of the tuned loader, at its last result
 
     @property
     def swaps(self) -> bool:

@@ -133,6 +133,8 @@ class ScriptRunner(BaseRunner):
         self._logdir = tempfile.TemporaryDirectory(prefix=f"{leftovers.LOG_PREFIX}{os.getpid()}-")
         self._launch: Launch | None = None
         self.n_launches = 0
+        # the tuned loader's epochs in a launch whose script ran to its end (the most seen)
+        self.launch_epochs: int | None = None
         self._handlers: dict[str, Callable[[Any, Trial], bool]] = {
             "event": self._on_event,
             "progress": self._on_progress,
@@ -151,7 +153,9 @@ class ScriptRunner(BaseRunner):
             raise RuntimeError("run the baseline (config=None) first: it finds the loader to tune")
         launch = self._launch
         if launch is not None and (
-            launch.proc.poll() is not None or self._batches_fixed(launch, config)
+            launch.proc.poll() is not None
+            or self._batches_fixed(launch, config)
+            or self._in_last_epoch(launch, request)
         ):
             self._end_launch()
             launch = None
@@ -206,6 +210,19 @@ class ScriptRunner(BaseRunner):
         elif self.batch_size_fixed:  # the loader's batching decides, whatever Config says
             result.extra["batch_size_fixed"] = True
         return result
+
+    def _in_last_epoch(self, launch: Launch, request: TrialRequest) -> bool:
+        """A whole-epoch trial would begin in the launch's last epoch: its window, an epoch's
+        batches, cannot end before the script does (begun mid-epoch, it runs across the
+        epoch's end; at the epoch's end, there is no epoch left). Cut at the script's end, it
+        would be measured again in a fresh launch; it starts in one now. How many epochs a
+        launch holds is learnt from one whose script ended (a script's ``--epochs``)."""
+        return (
+            request.window.whole_epoch
+            and self.launch_epochs is not None
+            and launch.epochs_begun is not None
+            and launch.epochs_begun >= self.launch_epochs
+        )
 
     def _batches_fixed(self, launch: Launch, config: Config | None) -> bool:
         """The launch cannot run ``config``'s batch size: its loader was built with a batch
@@ -390,6 +407,7 @@ class ScriptRunner(BaseRunner):
         result.cuda_device = msg["cuda_device"]
         result.cuda_capacity_bytes = msg["cuda_capacity"]
         result.transfer = msg["transfer"]
+        trial.launch.epochs_begun = msg.get("epochs_begun")
         result.epoch_samples = msg.get("epoch_samples") or result.epoch_samples
         known = self.epoch_samples
         if result.epoch_samples and (known is None or result.epoch_samples < known):
@@ -429,6 +447,9 @@ class ScriptRunner(BaseRunner):
         return True
 
     def _on_ended(self, msg: messages.EndedMsg, trial: Trial) -> bool:
+        epochs = msg.get("epochs_begun")
+        if epochs:
+            self.launch_epochs = max(self.launch_epochs or 0, epochs)
         if trial.result.measurement is None:
             trial.result.failure = reported.ended(msg, self.selector, tail(trial.log))
         return True

@@ -36,6 +36,7 @@ def result_message(
     epoch_samples: int | None,
     ran: dict[str, Any],
     rank: int | None = None,
+    epochs_begun: int | None = None,
 ) -> messages.ResultMsg:
     """A trial's result, with this process's CUDA facts; ``ran``: what its loader really ran
     with (checked by the search: :mod:`loadertune.trials.applied`)."""
@@ -51,6 +52,7 @@ def result_message(
         bytes_per_sample=bytes_per_sample,
         transfer=transfer,
         epoch_samples=epoch_samples,
+        epochs_begun=epochs_begun,
         ran={**ran, "pid": os.getpid(), "rank": rank},
     )
 
@@ -70,6 +72,8 @@ class ChannelConductor:
         bytes_per_sample: what the trial process knows of a sample's size.
         epoch_scale: an epoch's samples as the script takes them, from the loader's (a loop
             that breaks early takes fewer: :class:`~loadertune.trials.epochs.EpochLengths`).
+        epochs_begun: the tuned loader's epochs this process has begun, for each result (the
+            search learns how many a launch holds: ``ScriptRunner``).
     """
 
     def __init__(
@@ -82,6 +86,7 @@ class ChannelConductor:
         make_sink: Callable[[], Sink],
         bytes_per_sample: float | None = None,
         epoch_scale: Callable[[int | None], int | None] = lambda n: n,
+        epochs_begun: Callable[[], int | None] = lambda: None,
     ) -> None:
         self._chan = chan
         self._first: Mapping[str, Any] | None = first
@@ -90,6 +95,7 @@ class ChannelConductor:
         self._make_sink = make_sink
         self.bytes_per_sample = bytes_per_sample
         self._epoch_scale = epoch_scale
+        self._epochs_begun = epochs_begun
         self.step: Step | None = None
 
     def next_step(self) -> Step:
@@ -124,6 +130,7 @@ class ChannelConductor:
                     transfer=outcome.transfer,
                     epoch_samples=self._epoch_scale(outcome.epoch_samples),
                     ran=outcome.ran,
+                    epochs_begun=self._epochs_begun(),
                 )
             )
         self.wait_release()
