@@ -209,7 +209,8 @@ def main() -> None:
     if by_swap:
         n_trials = sum(len(r) for r in by_swap.values())
         took = time.perf_counter() - t0
-        print(f"(the {n_trials} hot-swapped trials took {took:.1f} s, {took / n_trials:.2f} s each)")
+        each = took / n_trials
+        print(f"(the {n_trials} hot-swapped trials took {took:.1f} s, {each:.2f} s each)")
     for config in SETTINGS:
         results = by_swap.get(config) or [trial(dataset, config) for _ in range(args.reps)]
         steady = [r.samples_per_s or 0.0 for r in results]
