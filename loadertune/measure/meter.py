@@ -203,7 +203,7 @@ class Meter:
             -1 if spec.settled_after is None else spec.warmup_batches - spec.settled_after
         )
         # A whole-epoch window that cannot open at this epoch's start runs across its end, an
-        # epoch's batches long (see _cycle_after), or where that is unknown or too short, waits
+        # epoch's batches long (see ``epoch_batches``), or where that is unknown or too short, waits
         # for the next epoch, warming up to this one's end.
         waits = spec.whole_epoch and (mid_epoch or persistent)
         self._epoch_batches = epoch_batches or 0
@@ -399,7 +399,7 @@ class Meter:
             # an epoch (its start-up, first round and tail) once, as in a whole epoch.
             left, self._cycle = self._cycle - self._w_batches, 0
             self._last_index = left - 1 if left > 0 else -1
-            if left <= 0:  # (it opened at this epoch's start: it was the whole epoch)
+            if left <= 0:  # (this epoch held an epoch's batches after all: the window is full)
                 self._epoch_ended(t0, by_count=by_count)
                 return
         elif phase == _WINDOW and self.spec.whole_epoch:
