@@ -737,8 +737,8 @@ class SimRunner(BaseRunner):
         if whole and self.mode == "script" and self.epoch_left:
             # begun mid-epoch: an epoch's batches across its end, after a warm-up; or in a
             # short epoch, the rest of the epoch runs unmeasured and the next is the window
-            cycle = meter.cycle_warmup(window)
-            if math.ceil((w.epoch_samples or 0) / bs) >= meter.CYCLE_MIN_WARMUPS * cycle:
+            cycle = meter.cycle_warmup(window, math.ceil((w.epoch_samples or 0) / bs))
+            if cycle:
                 warmed = cycle
                 warmup = cycle * period
             else:

@@ -70,11 +70,14 @@ def thread_times() -> tuple[float, float | None]:
     return time.thread_time(), None
 
 
-def cycle_warmup(spec: WindowSpec) -> int:
-    """The warm-up of a whole-epoch window that opens mid-epoch: a round of the workers and one
-    more batch (at least two), as a timed window's (:func:`loadertune.trials.window_for`),
-    ended sooner by a waiting ``next()`` once every worker has delivered."""
-    return max(2, spec.round_batches + 1)
+def cycle_warmup(spec: WindowSpec, epoch_batches: int | None) -> int:
+    """The warm-up of a whole-epoch window that cannot open at an epoch's start and so runs
+    across its end: a round of the workers and one more batch (at least two), as a timed
+    window's (:func:`loadertune.trials.window_for`), ended sooner by a waiting ``next()`` once
+    every worker has delivered. 0 where such a window waits for the next epoch instead: the
+    epoch's batches unknown, or under :data:`CYCLE_MIN_WARMUPS` warm-ups."""
+    warmup = max(2, spec.round_batches + 1)
+    return warmup if (epoch_batches or 0) >= CYCLE_MIN_WARMUPS * warmup else 0
 
 
 class Meter:
@@ -208,9 +211,10 @@ class Meter:
         waits = spec.whole_epoch and (mid_epoch or persistent)
         self._epoch_batches = epoch_batches or 0
         self._cycle = 0  # the batches of the window that runs across an epoch's end (0: none)
-        if waits and self._epoch_batches >= CYCLE_MIN_WARMUPS * cycle_warmup(spec):
+        warmup = cycle_warmup(spec, epoch_batches) if waits else 0
+        if warmup:
             self._cycle = self._epoch_batches
-            self._warmup_left = cycle_warmup(spec)
+            self._warmup_left = warmup
             self._settle_at = self._warmup_left - max(2, spec.round_batches)
             self._last_index = -1  # its end is placed when the epoch under way ends
         self._to_next_epoch = waits and not self._cycle
