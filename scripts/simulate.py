@@ -69,9 +69,10 @@ batch from a worker in ``recv(B) = r0 + r1*B*S`` (inside ``next()``).
   ``sigma(W) = sigma * sqrt(0.5 + 0.5 * ref / W)`` in all; the sub-windows' sigma grows likewise
   as they shorten.
 * A whole-epoch window (``WindowSpec.whole_epoch``) ends with the epoch; begun in a launch's
-  epoch under way, it warms up (``meter.cycle_warmup`` batches) and holds an epoch's batches
-  across the epoch's end, as the meter does; in an epoch under ``meter.CYCLE_MIN_WARMUPS``
-  warm-ups long it first waits for that epoch's rest at its own rate.
+  epoch under way, or with persistent workers (their first epoch holds their start), it warms
+  up (``meter.cycle_warmup`` batches) and holds an epoch's batches across the epoch's end, as
+  the meter does; where the rest of the epoch under way is no longer than that warm-up it first
+  waits for that rest at its own rate.
 * Wall time of a trial: set-up + first batch + warm-up batches + the window (sub-windows of whole
   batches, at least 4 batches) + a re-entry (inline: every ``n > 0`` trial when ``N`` is known;
   script: with persistent workers) + teardown. Pruning (``should_stop``) is honoured at every
@@ -734,16 +735,21 @@ class SimRunner(BaseRunner):
         warmup = warmup_batches * period
         whole = window.whole_epoch and bool(w.epoch_samples) and not replay
         warmed = 0 if whole else window.warmup_batches  # the batches the warm-up gave
-        if whole and self.mode == "script" and self.epoch_left:
-            # begun mid-epoch: an epoch's batches across its end, after a warm-up; or in a
-            # short epoch, the rest of the epoch runs unmeasured and the next is the window
-            cycle = meter.cycle_warmup(window, math.ceil((w.epoch_samples or 0) / bs))
+        persists = c.persistent_workers and n > 0
+        if whole and self.mode == "script" and (self.epoch_left or persists):
+            # begun mid-epoch, or persistent workers (their first epoch holds their start):
+            # an epoch's batches across its end, after a warm-up; or where the rest of the
+            # epoch under way is shorter than that, it runs unmeasured and the next is the window
+            left = self.epoch_left or float(w.epoch_samples or 0)
+            cycle = meter.cycle_warmup(
+                window, math.ceil((w.epoch_samples or 0) / bs), math.ceil(left / bs)
+            )
             if cycle:
                 warmed = cycle
                 warmup = cycle * period
             else:
-                warmup = self.epoch_left / rate
-                self._gave(self.epoch_left)
+                warmup = left / rate
+                self._gave(left)
         subs, elapsed, batches, full = self._window(rate, period, window, should_stop, result)
         self._gave((1 + warmed + batches) * bs)
         measured = statistics.fmean(subs)

@@ -106,8 +106,8 @@ def test_whole_epoch_trials_begun_mid_epoch_measure_an_epoch_s_batches_across_it
     whole = Listed(settings, whole=True)
     try:
         epoch = swap.epoch()
-        first = [i for b in itertools.islice(epoch, 24) for i in b.flatten().tolist()]
-        assert windowed.outcomes  # the window ended mid-epoch, 384 samples in
+        first = [i for b in itertools.islice(epoch, 10) for i in b.flatten().tolist()]
+        assert windowed.outcomes  # the window ended mid-epoch, 160 samples in
         swap.conductor = whole  # the first whole-epoch setting starts here
         first += [i for b in epoch for i in b.flatten().tolist()]
     except BaseException:
@@ -125,6 +125,27 @@ def test_whole_epoch_trials_begun_mid_epoch_measure_an_epoch_s_batches_across_it
         assert m.reentry_s or m.rest_s  # it ran across an epoch's end
     for seen in epochs[1:]:
         assert sorted(seen) == list(range(500))
+
+
+def test_a_persistent_whole_epoch_trial_runs_across_its_first_epoch_s_end() -> None:
+    """Persistent workers begun at an epoch's start (a fresh launch's first trial): their first
+    epoch holds their start-up, so the window opens after a warm-up (a round of 2 workers x 4
+    and a batch) and holds an epoch's 32 batches across its end, rather than waiting the epoch
+    out and measuring the next (the rule in epochs under four warm-ups: 64 batches a trial)."""
+    loader = DataLoader(Indices(), batch_size=16, shuffle=True)
+    whole = Listed([Config(16, 2, 4, persistent_workers=True)], whole=True)
+    swap = HotSwap(loader, whole, fall_back=False)
+    given = 0
+    try:
+        for _ in range(3):
+            for _batch in swap.epoch():
+                given += 0 if whole.outcomes else 1
+    finally:
+        swap.close()
+    m = whole.outcomes[0].measurement
+    assert m is not None and m.whole_epoch and (m.n_batches, m.n_samples) == (32, 500)
+    assert m.reentry_s  # the second epoch's start is in it
+    assert 32 < given <= 32 + 9 + 1  # the first batch, the warm-up and the window
 
 
 def test_a_step_that_comes_when_the_epoch_has_no_batch_left_starts_with_the_next() -> None:

@@ -534,25 +534,46 @@ def test_a_whole_epoch_window_begun_mid_epoch_runs_an_epoch_s_batches_across_its
 
 def test_persistent_workers_whole_epoch_runs_across_their_first_epoch_s_end() -> None:
     """Persistent workers' first epoch holds their start-up, paid once: the window opens after
-    the warm-up and runs an epoch's batches into the second, whose start is a re-entry. An epoch
-    under four warm-ups long still waits for the next (a short wait; a window of its few
-    batches would be mostly the batches made during the workers' start)."""
-    meter = Meter(
-        WindowSpec(warmup_batches=0, window_s=10.0, whole_epoch=True, round_batches=2),
-        persistent=True,
-        epoch_batches=24,
-    )
+    the warm-up and runs an epoch's batches into the second, whose start is a re-entry. A short
+    epoch does too, where its warm-up is shorter than it: a warm-up and an epoch cost fewer
+    batches than an epoch waited out and an epoch (the example script's fresh launches waited
+    a 28-batch epoch for a warm-up of 9)."""
+    spec = WindowSpec(warmup_batches=0, window_s=10.0, whole_epoch=True, round_batches=2)
+    meter = Meter(spec, persistent=True, epoch_batches=24)
     # the first batch and a warm-up of 3, then 20 in the window and 4 of the next epoch
     assert _epochs_until_done(meter, [24, 24, 24]) == [24, 4]
     m = meter.result()
     assert m.whole_epoch and m.n_batches == 24 and len(m.reentry_s) == 1
-    short = Meter(
+    short = Meter(spec, persistent=True, epoch_batches=11)
+    assert _epochs_until_done(short, [11, 11, 11]) == [11, 4]
+    assert short.result().n_batches == 11 and len(short.result().reentry_s) == 1
+
+
+@pytest.mark.parametrize(
+    ("epoch_batches", "epoch_left", "got"),
+    [
+        (3, None, [3, 3]),  # persistent, at the start: an epoch no longer than the warm-up
+        (20, 3, [3, 20]),  # swapped in 3 batches before the end: the rest is the warm-up
+        (20, 12, [12, 12]),  # 12 before it: the first batch, a warm-up of 3, 8 and 12 of the next
+    ],
+)
+def test_a_whole_epoch_window_waits_for_the_next_epoch_only_where_that_costs_less(
+    epoch_batches: int, epoch_left: int | None, got: list[int]
+) -> None:
+    """Waiting for the next epoch costs the rest of the epoch under way, running across its end
+    a warm-up (a round and a batch): the window does whichever is fewer batches, and holds an
+    epoch's batches either way."""
+    meter = Meter(
         WindowSpec(warmup_batches=0, window_s=10.0, whole_epoch=True, round_batches=2),
         persistent=True,
-        epoch_batches=11,
+        mid_epoch=epoch_left is not None,
+        epoch_batches=epoch_batches,
+        epoch_left=epoch_left,
     )
-    assert _epochs_until_done(short, [11, 11, 11]) == [11, 11]
-    assert short.result().n_batches == 11
+    lengths = [epoch_left or epoch_batches, epoch_batches, epoch_batches]
+    assert _epochs_until_done(meter, lengths) == got
+    m = meter.result()
+    assert m.whole_epoch and m.n_batches == epoch_batches
 
 
 def test_a_whole_epoch_window_that_outlasts_twice_its_expected_time_ends_as_a_window() -> None:

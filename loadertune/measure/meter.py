@@ -39,9 +39,6 @@ SETTLED_WAIT_S = 0.010
 # whole rounds (``WindowSpec.round_batches``).
 ROUNDS_MATTER = 0.05
 _now = time.perf_counter
-# A whole-epoch window runs across an epoch's end, rather than waiting for the next epoch, only
-# in epochs of at least this many times its warm-up: a shorter one costs little to wait for.
-CYCLE_MIN_WARMUPS = 4
 WALL_WINDOWS = 4.0  # a window ends once it has lasted this many window_s of wall time
 
 
@@ -70,14 +67,23 @@ def thread_times() -> tuple[float, float | None]:
     return time.thread_time(), None
 
 
-def cycle_warmup(spec: WindowSpec, epoch_batches: int | None) -> int:
+def cycle_warmup(spec: WindowSpec, epoch_batches: int | None, left: int | None = None) -> int:
     """The warm-up of a whole-epoch window that cannot open at an epoch's start and so runs
     across its end: a round of the workers and one more batch (at least two), as a timed
     window's (:func:`loadertune.trials.window_for`), ended sooner by a waiting ``next()`` once
-    every worker has delivered. 0 where such a window waits for the next epoch instead: the
-    epoch's batches unknown, or under :data:`CYCLE_MIN_WARMUPS` warm-ups."""
+    every worker has delivered. 0 where such a window waits for the next epoch instead, because
+    that costs fewer batches: the warm-up and then an epoch, against the ``left`` batches of the
+    epoch under way and then an epoch. ``left``: where the window begins, its epoch's batches
+    yet to come (None: unknown, reckoned at half an epoch); 0 too where ``epoch_batches`` is
+    unknown (the window cannot be placed). A persistent setting at an epoch's start has the
+    whole epoch left, and runs across its end in any epoch longer than the warm-up; waiting
+    was the rule in epochs under four warm-ups, which cost the example script's fresh launches
+    an epoch each (28 batches of 64, a warm-up of 9)."""
+    if not epoch_batches:
+        return 0
     warmup = max(2, spec.round_batches + 1)
-    return warmup if (epoch_batches or 0) >= CYCLE_MIN_WARMUPS * warmup else 0
+    left = epoch_batches // 2 if left is None else min(left, epoch_batches)
+    return warmup if warmup < left else 0
 
 
 class Meter:
@@ -110,8 +116,10 @@ class Meter:
             across the epoch's end, so that every part of an epoch (the next one's start-up,
             its first round, this one's tail) is in it once, as in a whole epoch; it used to
             warm up to the epoch's end and measure the next, up to twice an epoch's time per
-            trial. Unknown, or an epoch under :data:`CYCLE_MIN_WARMUPS` warm-ups long: it
-            waits for the next epoch.
+            trial. Unknown, or where the rest of the epoch under way is shorter than the
+            warm-up (:func:`cycle_warmup`): it waits for the next epoch.
+        epoch_left: the batches of the epoch under way yet to come where the meter begins
+            mid-epoch, where known (None: unknown).
     """
 
     # Slots: the hot path reads and writes a handful of these per batch.
@@ -174,6 +182,7 @@ class Meter:
         mid_epoch: bool = False,
         persistent: bool = False,
         epoch_batches: int | None = None,
+        epoch_left: int | None = None,
     ) -> None:
         self.spec = spec
         self._count = count
@@ -206,12 +215,13 @@ class Meter:
             -1 if spec.settled_after is None else spec.warmup_batches - spec.settled_after
         )
         # A whole-epoch window that cannot open at this epoch's start runs across its end, an
-        # epoch's batches long (see ``epoch_batches``), or where that is unknown or too short, waits
-        # for the next epoch, warming up to this one's end.
+        # epoch's batches long (see ``epoch_batches``), or where that is unknown or would cost
+        # more than the rest of this epoch, waits for the next epoch, warming up to this one's end.
         waits = spec.whole_epoch and (mid_epoch or persistent)
         self._epoch_batches = epoch_batches or 0
         self._cycle = 0  # the batches of the window that runs across an epoch's end (0: none)
-        warmup = cycle_warmup(spec, epoch_batches) if waits else 0
+        left = epoch_left if mid_epoch else epoch_batches
+        warmup = cycle_warmup(spec, epoch_batches, left) if waits else 0
         if warmup:
             self._cycle = self._epoch_batches
             self._warmup_left = warmup

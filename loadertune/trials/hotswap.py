@@ -142,6 +142,7 @@ class _Run:
         *,
         mid_epoch: bool = False,
         epoch_batches: int | None = None,
+        epoch_left: int | None = None,
     ) -> None:
         self.step, self.segment = step, segment
         self.meter: Meter | None = None
@@ -159,6 +160,7 @@ class _Run:
                 mid_epoch=mid_epoch,
                 persistent=step.config.persistent_workers and step.config.num_workers > 0,
                 epoch_batches=epoch_batches,
+                epoch_left=epoch_left,
             )
 
     def enter(self, order: EpochOrder) -> None:
@@ -371,6 +373,19 @@ class HotSwap:
         promised = limit() if limit is not None else None
         return min(batches, promised) if promised else batches
 
+    def _batches_left(self, step: Step, order: EpochOrder) -> int | None:
+        """The batches the epoch under way has left for ``step``'s setting, from the script's
+        position in it (None: unknown): a whole-epoch window begun here runs across the epoch's
+        end only where its warm-up is shorter (:func:`loadertune.measure.meter.cycle_warmup`)."""
+        if not self.regroup or order.length is None:
+            return None
+        bs = step.config.batch_size
+        samples = order.length - order.position
+        left = samples // bs if self.loader.drop_last else -(-samples // bs)
+        limit = self._limit()
+        promised = limit() if limit is not None else None
+        return max(0, min(left, promised - order.given) if promised else left)
+
     def _drains(self, run: _Run | None) -> bool:
         """Begin handing over ``run``'s batches in flight, and no more of its epoch (with
         ``drain``, for a setting with workers): True when it has begun."""
@@ -418,8 +433,14 @@ class HotSwap:
         segment.order = order
         replayed = segment.first_batch_unreceived() if step.phase == "replay" else None
         started = order.position > 0 or order.given > 0  # the script is in the epoch's middle
+        batches = self._epoch_batches(step)
         run = self.current = _Run(
-            step, segment, replayed, mid_epoch=started, epoch_batches=self._epoch_batches(step)
+            step,
+            segment,
+            replayed,
+            mid_epoch=started,
+            epoch_batches=batches,
+            epoch_left=self._batches_left(step, order) if started and batches else None,
         )
         run.enter(order)
         return run
