@@ -17,6 +17,7 @@ from loadertune.measure.failures import FailureKind
 from loadertune.measure.meter import WindowSpec
 from loadertune.trials import _torch_internals as _internals
 from loadertune.trials.hotswap import HotSwap, Outcome, Step, why_not
+from loadertune.trials.runner import window_for
 from loadertune.trials.segment import EpochOrder
 
 pytestmark = pytest.mark.slow
@@ -48,7 +49,7 @@ class Listed:
             return None
         c = self.configs.pop(0)
         if self.whole:
-            return Step(c, WindowSpec(warmup_batches=0, window_s=30.0, whole_epoch=True))
+            return Step(c, window_for(c, window_s=30.0, whole_epoch=True))  # the search's
         return Step(c, WindowSpec(warmup_batches=c.in_flight_batches + 1, window_s=self.window_s))
 
     def finished(self, outcome: Outcome) -> bool:
@@ -129,11 +130,11 @@ def test_whole_epoch_trials_begun_mid_epoch_measure_an_epoch_s_batches_across_it
 
 def test_a_persistent_whole_epoch_trial_runs_across_its_first_epoch_s_end() -> None:
     """Persistent workers begun at an epoch's start (a fresh launch's first trial): their first
-    epoch holds their start-up, so the window opens after a warm-up (a round of 2 workers x 4
-    and a batch) and holds an epoch's 32 batches across its end, rather than waiting the epoch
-    out and measuring the next (the rule in epochs under four warm-ups: 64 batches a trial)."""
+    epoch holds their start-up, so the window opens after a warm-up (a batch from each of the
+    2 workers and one more) and holds an epoch's 8 batches across its end, rather than waiting
+    the epoch out and measuring the next (the rule in epochs under four warm-ups: 16 batches)."""
     loader = DataLoader(Indices(), batch_size=16, shuffle=True)
-    whole = Listed([Config(16, 2, 4, persistent_workers=True)], whole=True)
+    whole = Listed([Config(64, 2, 2, persistent_workers=True)], whole=True)
     swap = HotSwap(loader, whole, fall_back=False)
     given = 0
     try:
@@ -143,9 +144,9 @@ def test_a_persistent_whole_epoch_trial_runs_across_its_first_epoch_s_end() -> N
     finally:
         swap.close()
     m = whole.outcomes[0].measurement
-    assert m is not None and m.whole_epoch and (m.n_batches, m.n_samples) == (32, 500)
+    assert m is not None and m.whole_epoch and (m.n_batches, m.n_samples) == (8, 500)
     assert m.reentry_s  # the second epoch's start is in it
-    assert 32 < given <= 32 + 9 + 1  # the first batch, the warm-up and the window
+    assert 8 < given <= 8 + 3 + 1  # the first batch, the warm-up and the window
 
 
 def test_a_step_that_comes_when_the_epoch_has_no_batch_left_starts_with_the_next() -> None:

@@ -536,8 +536,8 @@ def test_persistent_workers_whole_epoch_runs_across_their_first_epoch_s_end() ->
     """Persistent workers' first epoch holds their start-up, paid once: the window opens after
     the warm-up and runs an epoch's batches into the second, whose start is a re-entry. A short
     epoch does too, where its warm-up is shorter than it: a warm-up and an epoch cost fewer
-    batches than an epoch waited out and an epoch (the example script's fresh launches waited
-    a 28-batch epoch for a warm-up of 9)."""
+    batches than an epoch waited out and an epoch (the rule was to wait in an epoch under four
+    warm-ups, as this one)."""
     spec = WindowSpec(warmup_batches=0, window_s=10.0, whole_epoch=True, round_batches=2)
     meter = Meter(spec, persistent=True, epoch_batches=24)
     # the first batch and a warm-up of 3, then 20 in the window and 4 of the next epoch

@@ -77,8 +77,8 @@ def cycle_warmup(spec: WindowSpec, epoch_batches: int | None, left: int | None =
     yet to come (None: unknown, reckoned at half an epoch); 0 too where ``epoch_batches`` is
     unknown (the window cannot be placed). A persistent setting at an epoch's start has the
     whole epoch left, and runs across its end in any epoch longer than the warm-up; waiting
-    was the rule in epochs under four warm-ups, which cost the example script's fresh launches
-    an epoch each (28 batches of 64, a warm-up of 9)."""
+    was the rule in epochs under four warm-ups, which cost the example script's trials at
+    batch 128 with 3 workers an epoch each (14 batches, a warm-up of 4)."""
     if not epoch_batches:
         return 0
     warmup = max(2, spec.round_batches + 1)
