@@ -323,11 +323,17 @@ def tune_script(
     ident = hashlib.sha1(
         f"{os.path.abspath(script)}|{list(args)}|{loader}|{list(sizes)}|{nproc_per_node}".encode()
     ).hexdigest()[:10]
-    settings = resolved_settings(
-        dataclasses.replace(settings or SearchSettings(), ranks=ranks),
-        hw,
-        study_name=f"script-{os.path.basename(str(script))}-{ident}",
-    )
+    # The fork server's imports (torch, the script's packages) run while the search sets up.
+    runner.start_server()
+    try:
+        settings = resolved_settings(
+            dataclasses.replace(settings or SearchSettings(), ranks=ranks),
+            hw,
+            study_name=f"script-{os.path.basename(str(script))}-{ident}",
+        )
+    except BaseException:
+        runner.close()  # (run_search closes it from here on)
+        raise
     workload = {
         "kind": "script",
         "script": str(script),

@@ -14,7 +14,7 @@ import pytest
 
 from loadertune.config import Config
 from loadertune.trials import Limits, window_for
-from loadertune.trials.forkserver import _unsafe_to_fork, installed_imports
+from loadertune.trials.forkserver import ForkServer, _unsafe_to_fork, installed_imports
 from loadertune.trials.script import ScriptRunner
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -178,3 +178,34 @@ def test_a_trial_that_dies_with_its_server_says_so(tmp_path: Path) -> None:
         _run(runner, Config(8, 1, 2))
     finally:
         runner.close()
+
+
+def test_tune_script_starts_the_server_before_the_search_and_a_bad_setting_leaves_none() -> None:
+    """``tune_script`` starts the fork server before the search sets up (its imports overlap
+    the study's creation); a setting rejected meanwhile closes it: no process is left."""
+    import psutil
+
+    from loadertune.api import tune_script
+    from loadertune.errors import ConfigError
+    from loadertune.search import SearchSettings
+
+    started: list[ForkServer] = []
+    original = ScriptRunner.start_server
+
+    def spy(self: ScriptRunner) -> None:
+        original(self)
+        assert self._server is not None and self._server.alive
+        started.append(self._server)
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ScriptRunner, "start_server", spy)
+        with pytest.raises(ConfigError, match="max_workers"):
+            tune_script(
+                SCRIPTS / "process_facts.py",
+                ["/dev/null"],
+                settings=SearchSettings(max_workers=10**6),
+            )
+    assert len(started) == 1 and started[0].proc.poll() is not None  # started, then stopped
+    left = {p.pid for p in psutil.Process().children(recursive=True)} - before
+    assert not {pid for pid in left if psutil.pid_exists(pid)}

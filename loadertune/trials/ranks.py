@@ -127,6 +127,9 @@ class RankedScriptRunner(ScriptRunner):
         super().__init__(*args, **kwargs)
         self.nproc_per_node = nproc_per_node
 
+    def start_server(self) -> None:
+        """Nothing: every launch starts torch's launcher, whose ranks are no forks of ours."""
+
     def _start(self, spec: dict[str, Any], request: TrialRequest) -> Launch:
         self.n_launches += 1
         folder = Path(self._logdir.name)

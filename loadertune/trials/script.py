@@ -258,19 +258,24 @@ class ScriptRunner(BaseRunner):
             **((info and {"key": info["key"], "own": info["settings"]}) or self.selector),
         }
 
-    def _start(self, spec: dict[str, Any], request: TrialRequest) -> Launch:
-        """A fresh trial process, given its spec (:func:`.processes.start_child`)."""
-        self.n_launches += 1
-        folder = Path(self._logdir.name)
+    def start_server(self) -> None:
+        """Start the fork server now, rather than at the first trial: its imports (torch, the
+        script's packages: about 2.7 s for the image example) then run while the search sets
+        up (the study, its storage), on the other CPU. Nothing without ``fork_server``; the
+        runner's :meth:`close` stops it."""
         server = self._server
         if self.fork_server and (server is None or (not server.alive and server.preload)):
             # A server that could not fork after importing the script's packages (a thread, or
             # CUDA: see forkserver) is started again with torch alone, once.
             preload = self.script if server is None else None
-            self._server = ForkServer(
-                self.python, folder / f"forkserver-{2 if server else 1}.log", preload=preload
-            )
-        log = folder / f"launch-{self.n_launches}.log"
+            log = Path(self._logdir.name) / f"forkserver-{2 if server else 1}.log"
+            self._server = ForkServer(self.python, log, preload=preload)
+
+    def _start(self, spec: dict[str, Any], request: TrialRequest) -> Launch:
+        """A fresh trial process, given its spec (:func:`.processes.start_child`)."""
+        self.n_launches += 1
+        self.start_server()
+        log = Path(self._logdir.name) / f"launch-{self.n_launches}.log"
         return start_child(self.python, spec, log, self._server, startup_s=request.limits.startup_s)
 
     def _end_launch(self) -> int:
