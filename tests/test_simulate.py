@@ -225,3 +225,19 @@ def test_a_later_launch_forked_from_the_server_skips_the_imports(sim, fork_serve
     expected = w.import_s if fork_server else 0.0
     assert saved == pytest.approx(expected, abs=0.15 * w.process_start_s)
     assert runner.n_launches == 3
+
+
+def test_a_baseline_that_takes_half_the_budget_leaves_a_setting_with_workers_tried(sim) -> None:
+    """A baseline of 7 batches of 3.9 s (256 samples of 14 ms each, no workers) took 30 s of
+    60; judged at half their predicted rate and with the baseline's launch as every trial's
+    overhead, every setting with workers seemed to need 26 s or more, and the search ended at
+    35 s with the baseline, 0.035 of the best. Before any setting is explored the judgement
+    is the optimistic one: a setting with workers runs."""
+    w = sim.draw_workload(11984145, 236)
+    assert w.baseline.num_workers == 0 and w.offered == (256,)
+    trace: list = []
+    score, outcome = sim.run_one(w, "script", seed=11984145, budget_s=60.0, trace=trace)
+    assert outcome is not None
+    explored = [line for line in trace if line.phase == "search"]
+    assert explored and outcome.winner.num_workers > 0
+    assert score.ratio > 10 * sim.epoch_rate(w, w.baseline) / sim.epoch_rate(w, score.true_best)

@@ -374,14 +374,25 @@ class Search:
         Half, not all, of a prediction: a storage that serves only 6 requests at once, which
         the probe cannot see, made a first trial of 92 workers at batch 512 run 17 times
         slower than predicted, 157 s of a 60 s budget, in the simulator (such a trial is now
-        also cut at the deadline: ``Limits.ends_by``)."""
+        also cut at the deadline: ``Limits.ends_by``).
+
+        Before any setting has been explored, a trial is judged at the whole prediction and
+        without the run's overhead per trial, which is then the baseline's (in a script, the
+        launch's start, which a hot-swapped trial does not pay): a setting skipped then ends
+        the search at the baseline for certain, one that runs long is cut at the deadline,
+        where the budget ends anyway. A baseline of 7 batches of 3.9 s took 30 s of 60 in the
+        simulator, every setting with workers was judged to need 26 s or more, and the search
+        stopped at 35 s with the baseline, 0.035 of the best (w=15 took 18 s and reached 0.52:
+        more workers did not fit in memory)."""
         rate = self.ledger.robust_best()
         loader_bound = True  # unknown: the shorter warm-up, so that no setting is skipped wrongly
+        explored = self.ledger.n_explored > 0
         if est is not None:
             at = est.at(config.batch_size)
             predicted = at.predicted_samples_per_s(config.num_workers)
             if config.num_workers:
-                rate = max(rate, 0.5 * predicted, min(predicted, self._workers_pace(config)))
+                share = 0.5 if explored else 1.0
+                rate = max(rate, share * predicted, min(predicted, self._workers_pace(config)))
                 # The workers set the pace only below every other ceiling; at the step's or the
                 # CPUs' the buffer stays full and the whole warm-up drains it.
                 loader_bound = predicted < 0.95 * at.hard_ceiling
@@ -389,12 +400,14 @@ class Search:
                 rate = min(rate, self._in_process_ceiling(config, est))
         elif config.num_workers:
             rate = max(rate, self._workers_pace(config))
-        # its own expected time: the run's typical trial may be a slow setting's
-        needed = (
-            self._expected_s(config, rate, loader_bound=loader_bound)
-            if rate > 0
-            else self._typical_wall()
-        )
+        if rate <= 0:
+            needed = self._typical_wall()
+        elif explored:  # its own expected time: the run's typical trial may be a slow setting's
+            needed = self._expected_s(config, rate, loader_bound=loader_bound)
+        else:  # the least it may take (see the docstring)
+            needed = plan.trial_s(
+                config, self._window(config, "search"), rate, loader_bound=loader_bound
+            )
         if self._remaining() - self._confirm_cost() >= needed:
             return None
         return f"a trial would take about {needed:.0f} s, more than the budget has left"
