@@ -73,19 +73,20 @@ batch from a worker in ``recv(B) = r0 + r1*B*S`` (inside ``next()``).
   up (``meter.cycle_warmup`` batches) and holds an epoch's batches across the epoch's end, as
   the meter does; where the rest of the epoch under way is no longer than that warm-up it first
   waits for that rest at its own rate.
-* Wall time of a trial: set-up + first batch + warm-up batches + the window (sub-windows of whole
+* Wall time of a trial: set-up + first batch + warm-up batches (a script's trial process sizes them
+  for the setting it runs, ``window_for``, as the real one does) + the window (sub-windows of whole
   batches, at least 4 batches) + a re-entry (inline: every ``n > 0`` trial when ``N`` is known;
   script: with persistent workers) + teardown. Pruning (``should_stop``) is honoured at every
-  sub-window. Set-up and teardown: inline 0.05 s and ``0.02 + 0.005*n`` (the workers stop). A
-  script runs its trials in *launches* (``loadertune.trials.script``): a launch's first trial pays
-  a process start of 2..5 s per workload (+-5% per trial; a later launch is a fork of the
-  search's fork server and skips the interpreter and the imports, 30..80% of it, drawn per
-  workload; ``--no-fork-server``: every launch pays it all) and each later trial ``SWAP_S`` (the
-  search's round trip, the next setting's loader built); a launch ends after a failed trial (the
-  group killed: 0.1 s), when the script has given all its samples (``epochs x N``, epochs drawn in
-  1..30; 1e4..1e6 samples when ``N`` is unknown; each trial consumes its first, warm-up and
-  window batches), and after every trial for the 20% of workloads whose loader cannot change
-  setting mid-epoch (an IterableDataset: one setting per process, as before).
+  sub-window. Set-up and teardown: inline 0.05 s and ``0.02 + 0.005*n`` (the workers stop). A script
+  runs its trials in *launches* (``loadertune.trials.script``): a launch's first trial pays a
+  process start of 2..5 s per workload (+-5% per trial; a later launch is a fork of the search's
+  fork server and skips the interpreter and the imports, 30..80% of it, drawn per workload;
+  ``--no-fork-server``: every launch pays it all) and each later trial ``SWAP_S`` (the search's
+  round trip, the next setting's loader built); a launch ends after a failed trial (the group
+  killed: 0.1 s), when the script has given all its samples (``epochs x N``, epochs drawn in 1..30;
+  1e4..1e6 samples when ``N`` is unknown; each trial consumes its first, warm-up and window
+  batches), and after every trial for the 20% of workloads whose loader cannot change setting
+  mid-epoch (an IterableDataset: one setting per process, as before).
 * Modes: both search the same workloads and batch-size candidates. ``inline`` is ``tune_loader``
   (the baseline is given, the runner knows the epoch length and CUDA); ``script`` is
   ``tune_script`` (baseline=None: the first trial reports the script's own loader, and with it the
@@ -679,6 +680,8 @@ class SimRunner(BaseRunner):
         """The result and its wall time."""
         w, bs, n = self.w, c.batch_size, c.num_workers
         replay = phase == "replay"
+        if self.mode == "script":  # the trial process sizes the window for the setting it runs
+            window = window_for(c, window_s=window.window_s, whole_epoch=window.whole_epoch)
         result = TrialResult(c, phase=phase, epoch_samples=w.epoch_samples)
         setup, teardown = 0.05, 0.02 + 0.005 * n  # in process: the workers stop
         if self.mode == "script":

@@ -139,13 +139,8 @@ class Search:
         epoch_s = None if phase in ("replay", "probe") else self._short_epoch_s(config)
         if epoch_s is not None:
             return window_for(config or Config(1), window_s=epoch_s, whole_epoch=True)
-        # In-process loading has no buffer to drain: one batch of warm-up after the first.
-        in_process = config is not None and config.num_workers == 0
-        return window_for(
-            config or Config(1),
-            window_s=self.settings.trial_window_s,
-            min_warmup=1 if in_process else 2,
-        )
+        # (your settings, unknown before their trial in a script, as in-process loading)
+        return window_for(config or Config(1), window_s=self.settings.trial_window_s)
 
     def _short_epoch_s(self, config: Config | None) -> float | None:
         """An epoch's time when ``config``'s epochs are short enough to measure whole: at the

@@ -351,7 +351,7 @@ class BaseRunner:
 
 
 def window_for(
-    config: Config, *, window_s: float, min_warmup: int = 2, whole_epoch: bool = False
+    config: Config, *, window_s: float, min_warmup: int | None = None, whole_epoch: bool = False
 ) -> WindowSpec:
     """A window after a warm-up of one round of the workers (a batch from each) and one more,
     or sooner when the buffer is found empty after every worker has delivered a batch; it holds
@@ -367,9 +367,16 @@ def window_for(
     one batch measured 0.86, 0.86 and 0.95 of the reference (the first round, made while every
     worker started at once, is slow); one round measured 0.96 to 1.03.
 
+    Without workers (loading in the loop's own process) there is no buffer to drain: one batch
+    of warm-up after the first (``min_warmup`` None: 1 without workers, 2 with), in the trial
+    process as in the search's plan (the search planned one, the trial process ran two: a
+    baseline of 3.9-s batches spent a batch it did not need, in the simulator 14 s of 60).
+
     ``whole_epoch``: the window is an epoch, start to end, expected to take ``window_s``
     (:class:`~loadertune.measure.window.WindowSpec`)."""
     workers = config.num_workers
+    if min_warmup is None:
+        min_warmup = 2 if workers else 1
     if whole_epoch:
         return WindowSpec(
             warmup_batches=0,
