@@ -10,9 +10,13 @@ import sys
 import threading
 from pathlib import Path
 
+import psutil
 import pytest
 
+from loadertune.api import tune_script
 from loadertune.config import Config
+from loadertune.errors import ConfigError
+from loadertune.search import SearchSettings
 from loadertune.trials import Limits, window_for
 from loadertune.trials.forkserver import ForkServer, _unsafe_to_fork, installed_imports
 from loadertune.trials.script import ScriptRunner
@@ -183,12 +187,6 @@ def test_a_trial_that_dies_with_its_server_says_so(tmp_path: Path) -> None:
 def test_tune_script_starts_the_server_before_the_search_and_a_bad_setting_leaves_none() -> None:
     """``tune_script`` starts the fork server before the search sets up (its imports overlap
     the study's creation); a setting rejected meanwhile closes it: no process is left."""
-    import psutil
-
-    from loadertune.api import tune_script
-    from loadertune.errors import ConfigError
-    from loadertune.search import SearchSettings
-
     started: list[ForkServer] = []
     original = ScriptRunner.start_server
 

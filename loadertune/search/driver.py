@@ -139,7 +139,8 @@ class Search:
         epoch_s = None if phase in ("replay", "probe") else self._short_epoch_s(config)
         if epoch_s is not None:
             return window_for(config or Config(1), window_s=epoch_s, whole_epoch=True)
-        # (your settings, unknown before their trial in a script, as in-process loading)
+        # Your settings (None) are unknown before their trial in a script: planned as loading
+        # without workers; the trial process sizes the window for what it runs.
         return window_for(config or Config(1), window_s=self.settings.trial_window_s)
 
     def _short_epoch_s(self, config: Config | None) -> float | None:
@@ -244,14 +245,19 @@ class Search:
         return self._remaining() >= n * self._expected_s(config, rate, "probe")
 
     def _expected_s(
-        self, config: Config, rate: float, phase: str = "search", *, loader_bound: bool = True
+        self,
+        config: Config,
+        rate: float,
+        phase: str = "search",
+        *,
+        loader_bound: bool = True,
+        overhead: bool = True,
     ) -> float:
         """What a trial of ``config`` at ``rate`` samples/s is expected to take: its own
-        (:func:`plan.trial_s`) and the run's overhead per trial."""
+        (:func:`plan.trial_s`) and, with ``overhead``, the run's overhead per trial."""
         window = self._window(config, phase)
-        return overhead_s(self.ledger.trials) + plan.trial_s(
-            config, window, rate, loader_bound=loader_bound
-        )
+        own = plan.trial_s(config, window, rate, loader_bound=loader_bound)
+        return own + overhead_s(self.ledger.trials) if overhead else own
 
     def _stop_reason(
         self, space_size: int, n_batch_sizes: int, est: Estimates | None, reserve_s: float
@@ -395,14 +401,12 @@ class Search:
                 rate = min(rate, self._in_process_ceiling(config, est))
         elif config.num_workers:
             rate = max(rate, self._workers_pace(config))
-        if rate <= 0:
-            needed = self._typical_wall()
-        elif explored:  # its own expected time: the run's typical trial may be a slow setting's
-            needed = self._expected_s(config, rate, loader_bound=loader_bound)
-        else:  # the least it may take (see the docstring)
-            needed = plan.trial_s(
-                config, self._window(config, "search"), rate, loader_bound=loader_bound
-            )
+        # its own expected time: the run's typical trial may be a slow setting's
+        needed = (
+            self._expected_s(config, rate, loader_bound=loader_bound, overhead=explored)
+            if rate > 0
+            else self._typical_wall()
+        )
         if self._remaining() - self._confirm_cost() >= needed:
             return None
         return f"a trial would take about {needed:.0f} s, more than the budget has left"

@@ -369,9 +369,13 @@ class HotSwap:
         if not n or not self.regroup:
             return None
         batches = -(-n // step.config.batch_size)  # (with drop_last, n holds whole batches)
-        limit = self._limit()
-        promised = limit() if limit is not None else None
+        promised = self._epoch_limit()
         return min(batches, promised) if promised else batches
+
+    def _epoch_limit(self) -> int | None:
+        """The batches an epoch may give the script now (None: no limit; see :meth:`_limit`)."""
+        limit = self._limit()
+        return limit() if limit is not None else None
 
     def _batches_left(self, step: Step, order: EpochOrder) -> int | None:
         """The batches the epoch under way has left for ``step``'s setting, from the script's
@@ -382,8 +386,7 @@ class HotSwap:
         bs = step.config.batch_size
         samples = order.length - order.position
         left = samples // bs if self.loader.drop_last else -(-samples // bs)
-        limit = self._limit()
-        promised = limit() if limit is not None else None
+        promised = self._epoch_limit()
         return max(0, min(left, promised - order.given) if promised else left)
 
     def _drains(self, run: _Run | None) -> bool:
