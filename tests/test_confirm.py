@@ -651,3 +651,43 @@ def test_a_finalist_the_cut_rounds_never_measured_does_not_win_on_its_exploratio
     prior[C12] = [740.0]
     outcome = confirm(run, [C12, B7], A, rounds=2, deadline=5.0, trial_wall_s=10.0, prior=prior)
     assert ran == [] and outcome.winner == B7
+
+
+def test_a_baselines_window_stands_in_only_until_the_rounds_measure_it(clock: _Clock) -> None:
+    """A search's traced rounds: the script's baseline A read 562 samples/s in its opening
+    window (a fresh launch's first epoch), then 992 in a round's whole epoch; the finalist B
+    read 914 in its exploration's whole epoch and 841 in the round before (931 in a second,
+    which A's did not reach). Pooled, A's median was 777 and B won, reported at 0.89 of A. A
+    window stands in for A only until a round measures it the way the rounds measure B."""
+    run, ran = _runner(clock, {B: [841.0], A: [992.0]})
+    outcome = confirm(
+        run,
+        [B],
+        A,
+        rounds=2,
+        deadline=25.0,
+        trial_wall_s=10.0,
+        prior={B: [914.0]},
+        stand_in={A: [562.0]},
+    )
+    assert ran == [B, A]
+    assert outcome.values[A] == [992.0] and outcome.values[B] == [914.0, 841.0]
+    assert outcome.winner == A
+    # pooled as the rounds' own (the old way), the window decides against the baseline
+    clock.now = 0.0
+    run, ran = _runner(clock, {B: [841.0], A: [992.0]})
+    pooled = confirm(
+        run,
+        [B],
+        A,
+        rounds=2,
+        deadline=25.0,
+        trial_wall_s=10.0,
+        prior={B: [914.0], A: [562.0]},
+    )
+    assert pooled.winner == B
+    # where the deadline leaves the baseline out of the rounds, its window is what it has
+    clock.now = 0.0
+    run, ran = _runner(clock, {B: [841.0], A: [992.0]})
+    cut = confirm(run, [B], A, rounds=2, deadline=15.0, trial_wall_s=10.0, stand_in={A: [562.0]})
+    assert ran == [B] and cut.values[A] == [562.0] and cut.winner == B

@@ -1484,3 +1484,36 @@ def test_a_step_ceiling_that_is_only_a_loops_rate_does_not_stop_the_search(tmp_p
     assert search._stop_reason(1000, 1, bound, 0.0) == "at_ceiling"
     floored = dataclasses.replace(bound, step_floored=True)
     assert search._stop_reason(1000, 1, floored, 0.0) is None
+
+
+def test_the_ledger_splits_a_settings_rates_by_how_they_were_measured() -> None:
+    """A window's rate and a whole epoch's are two measures: the confirmation pools only those
+    measured as its rounds will measure (``Ledger.samples_of_kind``)."""
+    from loadertune.measure.meter import Measurement
+    from loadertune.search.ledger import Ledger
+
+    def measured(config: Config, rate: float, whole: bool) -> TrialResult:
+        m = Measurement(
+            samples_per_s=rate,
+            sub_window_samples_per_s=[rate] * 4,
+            blocked_fraction=0.1,
+            first_batch_s=0.01,
+            warmup_s=0.1,
+            window_s=1.0,
+            n_samples=int(rate),
+            n_batches=10,
+            complete=True,
+            whole_epoch=whole,
+        )
+        return TrialResult(config, phase="search", measurement=m)
+
+    ledger = Ledger(memory_margin=0.1, min_gain=0.01)
+    a, b, c = Config(32), Config(32, 2), Config(64, 2)
+    for config, rate, whole in [(a, 562.0, False), (b, 914.0, True), (a, 700.0, True)]:
+        ledger.add(measured(config, rate, whole))
+    ledger.add(measured(c, 800.0, False))
+    same, other = ledger.samples_of_kind({a: True, b: True})
+    assert same == {a: [700.0], b: [914.0], c: [800.0]}  # c: no kind asked, all its rates
+    assert other == {a: [562.0]}
+    same, other = ledger.samples_of_kind({a: False, b: False})
+    assert same == {a: [562.0], c: [800.0]} and other == {a: [700.0], b: [914.0]}

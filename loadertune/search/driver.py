@@ -491,6 +491,11 @@ class Search:
             first = uncut.pop() if uncut and configs[0] == uncut[0] else None
             self._measure_many([(c, "confirm") for c in configs], go_on=recorded, uncut=first)
 
+        # The rounds' figures pool with this run's earlier ones measured the same way; one
+        # measured otherwise stands in only until the rounds measure its setting.
+        prior, stand_in = self.ledger.samples_of_kind(
+            {c: self._window(c, "confirm").whole_epoch for c in [*finalists, self.baseline]}
+        )
         return confirm(
             run_in_turn,
             finalists,
@@ -500,7 +505,8 @@ class Search:
             trial_wall_s=wall,
             walls=walls,
             measure_first=unmeasured,
-            prior=self.ledger.samples,
+            prior=prior,
+            stand_in=stand_in,
             prior_sub_windows=self.ledger.sub_windows(),
             live=self.settings.live,
         )

@@ -25,6 +25,7 @@ class Ledger:
         self.trials: list[TrialResult] = []
         self.values: dict[Config, float] = {}  # best rate per setting, earlier runs included
         self.samples: dict[Config, list[float]] = {}  # every full rate measured in this run
+        self.whole: dict[Config, list[bool]] = {}  # each of those: a whole epoch's, or a window's
         self.blocked: dict[Config, float] = {}  # blocked fraction of each explored setting
         self.frontier = Frontier(margin=memory_margin)
         self.best: TrialResult | None = None
@@ -57,6 +58,8 @@ class Ledger:
         bar = self.robust_best()
         self.values[result.config] = max(value, self.values.get(result.config, 0.0))
         self.samples.setdefault(result.config, []).append(value)
+        whole = result.measurement is not None and result.measurement.whole_epoch
+        self.whole.setdefault(result.config, []).append(whole)
         if result.measurement is not None and result.phase == "search":
             self.blocked[result.config] = result.measurement.blocked_fraction
         if value > bar * (1 + self._min_gain):
@@ -78,6 +81,21 @@ class Ledger:
             self.values[result.config] = max(value, self.values.get(result.config, 0.0))
             if value > self.best_value:
                 self.best, self.best_value = result, value
+
+    def samples_of_kind(
+        self, whole_epoch: dict[Config, bool]
+    ) -> tuple[dict[Config, list[float]], dict[Config, list[float]]]:
+        """This run's rates of each setting split in two: those measured as the later trials
+        of it will be (a whole epoch, or a window: ``whole_epoch``, per setting; a setting not
+        in it keeps all its rates here), and the rest."""
+        same: dict[Config, list[float]] = {}
+        other: dict[Config, list[float]] = {}
+        for config, rates in self.samples.items():
+            wanted = whole_epoch.get(config)
+            for rate, whole in zip(rates, self.whole[config], strict=True):
+                kind = same if wanted is None or whole == wanted else other
+                kind.setdefault(config, []).append(rate)
+        return same, other
 
     def sub_windows(self) -> dict[Config, list[float]]:
         """The sub-window rates of this run's full measurements of each setting."""
