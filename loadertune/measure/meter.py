@@ -136,6 +136,8 @@ class Meter:
         "_it",
         "_last_beat",
         "_last_index",
+        "_left_out_after",
+        "_left_out_mark",
         "_measure_cpu",
         "_n_wraps",
         "_on_done",
@@ -205,6 +207,8 @@ class Meter:
         self._last_index = epoch_batches - 1 if spec.whole_epoch and epoch_batches else -1
         self._paused_at: float | None = None
         self._excluded = 0.0  # time between epochs (validation, logging), outside the window
+        # the seconds of other loaders' passes left out since the batch handed over at the mark
+        self._left_out_after, self._left_out_mark = 0.0, -math.inf
         self._reentry_s: list[float] = []
         self._rest_from: float | None = None  # the end of an epoch that gave batches
         self._rests: list[float] = []  # the loop's time between two epochs, each seen
@@ -254,8 +258,11 @@ class Meter:
         if self._paused_at is None and self._index_in_epoch and self._phase != _DONE:
             # A new epoch without StopIteration: the loop left the last one by count
             # (Lightning asks exactly len(loader) batches) or broke out of it. It ended with
-            # the step on its last batch, about as long as the window's steps.
+            # the step on its last batch, about as long as the window's steps. The passes of
+            # other loaders since (:meth:`left_out`) are out of the window already.
             self._epoch_ended(min(now, self._t_last + self._mean_step()), by_count=True)
+            if self._paused_at is not None and self._left_out_mark == self._t_last:
+                self._paused_at = min(now, self._paused_at + self._left_out_after)
         if self._rest_from is not None:
             self._rests.append(now - self._rest_from)
             self._rest_from = None
@@ -562,6 +569,9 @@ class Meter:
         ):
             self._excluded += seconds
             self._sub_end += seconds
+            if self._left_out_mark != self._t_last:
+                self._left_out_after, self._left_out_mark = 0.0, self._t_last
+            self._left_out_after += seconds
 
     def finish_now(self) -> Measurement | None:
         """End the window where it stands (the loop ran out of data); None if it never opened."""
