@@ -370,3 +370,19 @@ def test_the_scripts_loader_says_which_setting_its_batches_come_from() -> None:
         swap.close()
     assert (32, 2, 4, 32, True) in shown
     assert (8, 0, None, 8, False) in shown  # the last setting, kept to the end
+
+
+def test_a_real_run_without_a_first_setting_goes_on_with_its_own() -> None:
+    """A live run's tuning that never gave a setting (its baseline failed, and the search
+    ended) must not end the training: the loader goes on with its own setting. A new user's
+    script stopped with "the conductor gave no first setting" inside its validation loop."""
+    loader = DataLoader(Indices(60), batch_size=8, num_workers=1)
+    swap = HotSwap(loader, Listed([]), fall_back=True)
+    for _ in range(2):
+        seen = sorted(i for batch in swap.epoch() for i in batch.flatten().tolist())
+        assert seen == list(range(60))
+    assert swap.current is not None and swap.current.step.config == Config(8, 1, 2)
+    swap.close()
+    # a trial process (no fall-back) has no own setting to go on with: the search names one
+    with pytest.raises(RuntimeError, match="no first setting"):
+        next(iter(HotSwap(loader, Listed([]), fall_back=False).epoch()))

@@ -300,9 +300,11 @@ class HotSwap:
                 if run is None or run.meter is None:
                     step, self._deferred = self._deferred or self.conductor.next_step(), None
                     if step is None and run is None:
-                        if self.good is None:
+                        if self.good is None and not self.fall_back:
                             raise RuntimeError("the conductor gave no first setting")
-                        step = Step(self.good)
+                        # A real run whose tuning gave no setting that worked (its baseline
+                        # failed, the search ended) goes on with the loader's own.
+                        step = Step(self.good or dl.settings_of(self.loader))
                     if step is not None and self._nothing_left(step, order):
                         # nothing of this epoch is left to give (a whole-epoch window ended
                         # it): the step starts with the next epoch, from its start
