@@ -132,6 +132,8 @@ def test_script_failures_stop_at_once_with_the_cause(
     proc = search(script, tmp_path, *extra)
     assert proc.returncode == 1
     assert message in proc.stderr
+    error = json.loads(proc.stdout)["error"]  # --json: the failure, for a program reading it
+    assert message in error["message"] and error["type"].endswith("Error"), error
     if script in ("no_loader.py", "never_iterates.py"):  # no loader seen: its settings unknown
         assert "bs=1 " not in proc.stderr and "the script's own" in proc.stderr, proc.stderr
     # One trial, not the whole budget: counted from the trial lines printed, not timed (a

@@ -178,8 +178,12 @@ def search(
             )
         path = rec.save(out, force=force)
     except SearchInterrupted as exc:
+        if as_json:
+            _echo_json_error(exc, out)
         _interrupted(exc, out, save_partial=save_partial, force=force)
     except LoadertuneError as exc:
+        if as_json:
+            _echo_json_error(exc, out)
         fail(exc)
     except KeyboardInterrupt as exc:  # past the search (saving its file): nothing half-written
         say("yellow", "interrupted; the search's trials are kept in its study")
@@ -243,6 +247,16 @@ def _write_report(rec: Recommendation, path: str, report_path: str, console: Con
     except LoadertuneError as exc:
         fail(exc)
     console.print(f"report written to {report_path}", highlight=False, soft_wrap=True)
+
+
+def _echo_json_error(exc: LoadertuneError, out: str) -> None:
+    """``--json`` when the search fails or is interrupted: what went wrong, on stdout (the
+    message is the one stderr gets; a partial entry ``--save-partial`` keeps is said there)."""
+    click.echo(
+        json.dumps(
+            {"out": out, "error": {"type": type(exc).__name__, "message": str(exc)}}, indent=2
+        )
+    )
 
 
 def _echo_json(rec: Recommendation, path: str) -> None:
