@@ -644,3 +644,44 @@ def test_a_window_filled_before_the_optimizer_chose_its_loader_is_measured_again
     assert result.ok, result.failure
     assert result.extra["loader"]["chosen_by"] == "the optimizer"
     assert result.measurement is not None and result.measurement.n_batches > 0
+
+
+def test_a_loader_created_again_is_seen_by_a_hot_swapped_trial(tmp_path: Path) -> None:
+    """A new DataLoader every epoch, whose epochs outlast the first trial's window: the first
+    trial ends inside the first loader's epoch, and the next ones are hot-swapped in the same
+    launch. A hot-swapped trial said it had served one loader however many it had, so the
+    search never learnt it (and went on searching persistent workers, which die with each
+    loader)."""
+    from loadertune.trials.runner import TrialRequest
+
+    script = tmp_path / "new_loader_every_epoch.py"
+    script.write_text(
+        "import sys, torch\n"
+        f"sys.path.insert(0, {str(SCRIPTS)!r})\n"
+        "from torch.utils.data import DataLoader\n"
+        "from _data import Latency\n"
+        "dataset = Latency(n=800, sleep_s=0.0005)\n"
+        "model = torch.nn.Linear(8, 3)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+        "for epoch in range(6):\n"
+        "    for x, y in DataLoader(dataset, batch_size=16, shuffle=True):\n"
+        "        loss = torch.nn.functional.cross_entropy(model(x), y)\n"
+        "        opt.zero_grad()\n"
+        "        loss.backward()\n"
+        "        opt.step()\n"
+    )
+    runner = ScriptRunner(script)
+    limits = Limits(timeout_s=60, startup_s=30, hang_s=5)
+    two = Config(16, 2, 2)
+    try:
+        first, *swapped = runner.run_many(
+            [
+                (None, TrialRequest(window_for(Config(16), window_s=0.1), limits)),
+                (two, TrialRequest(window_for(two, window_s=1.0, whole_epoch=True), limits)),
+            ]
+        )
+    finally:
+        runner.close()
+    assert first.ok and first.extra["ran"]["loaders"] == 1, first.extra.get("ran")
+    assert swapped and swapped[0].ok, swapped
+    assert swapped[0].extra["ran"]["loaders"] >= 2 and runner.loader_recreated

@@ -216,6 +216,7 @@ class HotSwap:
         self._pending: list[Any] = []  # batches fetched already, handed over first
         self._deferred: Step | None = None  # came at an epoch's end: starts with the next
         self._sampler_samples: int | None = None  # an epoch of a batch sampler's own batches
+        self.n_loaders = 1  # the script's loaders this swap has served (created again: more)
 
     # -- what the script iterates ----------------------------------------------------------------
 
@@ -234,6 +235,7 @@ class HotSwap:
         if loader is self.loader:
             return
         self.loader = loader
+        self.n_loaders += 1
         run = self.current
         if run is None:
             return
@@ -493,7 +495,10 @@ class HotSwap:
             run.it = meter.iterator
         meter.release()
         outcome = Outcome(
-            run.step, measurement=m, epoch_samples=self.epoch_samples(cfg), ran=run.segment.ran()
+            run.step,
+            measurement=m,
+            epoch_samples=self.epoch_samples(cfg),
+            ran={**run.segment.ran(), "loaders": self.n_loaders},
         )
         if run.replayed is not None:
             outcome.bytes_per_sample = dl.bytes_per_sample(run.replayed)
