@@ -8,6 +8,7 @@ import signal
 import time
 from collections.abc import Callable
 from types import SimpleNamespace
+from typing import Any
 
 import optuna
 import pytest
@@ -1517,3 +1518,58 @@ def test_the_ledger_splits_a_settings_rates_by_how_they_were_measured() -> None:
     assert other == {a: [562.0]}
     same, other = ledger.samples_of_kind({a: False, b: False})
     assert same == {a: [562.0], c: [800.0]} and other == {a: [700.0], b: [914.0]}
+
+
+def test_a_loader_found_created_again_mid_search_leaves_persistence_out_from_then_on(
+    tmp_path, hw
+) -> None:
+    """A new DataLoader every epoch, seen only by a later trial (epochs longer than the
+    opening's trials): persistent workers die with each loader, so no persistent setting runs
+    after that (a new user's search tried them to its end and saved one)."""
+
+    class Recreated(FakeRunner):
+        def run(self, config: Config | None, **kw: Any) -> TrialResult:
+            result = super().run(config, **kw)
+            if len(self.log) == 6:
+                self.loader_recreated = True  # as a script's trial that saw two loaders says
+            return result
+
+    runner = Recreated(io_landscape)
+    Search(
+        runner,
+        hardware=hw,
+        baseline=Config(64),
+        batch_sizes=[64],
+        settings=settings(tmp_path, n_trials=30),
+    ).run()
+    before = [c for _, c in runner.log[:6]]
+    after = [c for phase, c in runner.log[6:] if phase == "search"]
+    assert any(c.persistent_workers for c in before) and after
+    assert not any(c.persistent_workers for c in after), after
+
+
+def test_a_batch_size_fixed_mid_search_narrows_the_space_without_upsetting_optuna(
+    tmp_path, hw
+) -> None:
+    """A live run's script asks its loader's length after the tuning began (a scheduler made
+    at the first step): from then on only its own batch size is searched. Optuna's categorical
+    has no dynamic value space: narrowed choices raised "does not support dynamic value
+    space" at the next trial, in the training's own process."""
+
+    class Fixed(FakeRunner):
+        def run(self, config: Config | None, **kw: Any) -> TrialResult:
+            result = super().run(config, **kw)
+            if len(self.log) == 6:
+                self.batch_size_fixed = "the script asked the loader's length"
+            return result
+
+    runner = Fixed(io_landscape)
+    Search(
+        runner,
+        hardware=hw,
+        baseline=Config(64),
+        batch_sizes=[32, 64, 128],
+        settings=settings(tmp_path, n_trials=30),
+    ).run()
+    after = [c for phase, c in runner.log[6:] if phase == "search"]
+    assert after and all(c.batch_size == 64 for c in after), after

@@ -313,7 +313,7 @@ class Search:
         space_size = len(space.configs())
         idle = 0  # consecutive proposals that ran nothing (duplicates, skips)
         while True:
-            wider = self._batch_size_kept(self.agenda.update(space, est))
+            wider = self._persistence_kept(self._batch_size_kept(self.agenda.update(space, est)))
             if wider is not space:
                 space, space_size = wider, len(wider.configs())
             reason = self._stop_reason(
@@ -354,6 +354,21 @@ class Search:
         if self.observer:
             self.observer.note(f"batch size left out of the search from now on: {fixed}")
         return dataclasses.replace(space, batch_sizes=(self.baseline.batch_size,))
+
+    def _persistence_kept(self, space: SearchSpace) -> SearchSpace:
+        """``space`` without persistent workers once the runner has seen the script create its
+        loader again (a new one every epoch, whose workers die with it: a persistent setting
+        measures the same as the other, and its trials are spent for nothing). A loader that
+        only a later trial sees created again (epochs longer than the opening's trials) was
+        searched both ways to the end."""
+        if not self.runner.loader_recreated or space.persistent_workers == (False,):
+            return space
+        if self.observer:
+            self.observer.note(
+                "persistent_workers left out of the search from now on: the script creates "
+                "its DataLoader again (every epoch?), and no worker outlives its loader"
+            )
+        return dataclasses.replace(space, persistent_workers=(False,))
 
     def _batch_allowed(self, config: Config) -> bool:
         """At the baseline's batch size, or the runner still lets the batch size change."""

@@ -53,15 +53,21 @@ def _whole(method: _F) -> _F:
     return whole  # type: ignore[return-value]
 
 
-def _distributions(space: SearchSpace, config: Config) -> dict[str, BaseDistribution]:
+def _distributions(
+    space: SearchSpace, config: Config, declared: Callable[[str, tuple[Any, ...]], tuple[Any, ...]]
+) -> dict[str, BaseDistribution]:
     dists: dict[str, BaseDistribution] = {
-        "batch_size": CategoricalDistribution(space.batch_sizes),
+        "batch_size": CategoricalDistribution(declared("batch_size", space.batch_sizes)),
         "num_workers": IntDistribution(0, space.max_workers),
-        "pin_memory": CategoricalDistribution(space.pin_memory),
+        "pin_memory": CategoricalDistribution(declared("pin_memory", space.pin_memory)),
     }
     if config.num_workers:  # the conditional part of the space
-        dists["prefetch_factor"] = CategoricalDistribution(space.prefetch_factors)
-        dists["persistent_workers"] = CategoricalDistribution(space.persistent_workers)
+        dists["prefetch_factor"] = CategoricalDistribution(
+            declared("prefetch_factor", space.prefetch_factors)
+        )
+        dists["persistent_workers"] = CategoricalDistribution(
+            declared("persistent_workers", space.persistent_workers)
+        )
     return dists
 
 
@@ -144,6 +150,8 @@ class StudyLog:
                 f"{exc}). Pass a URL such as sqlite:///path/to/studies.db, or leave it out."
             ) from exc
         self._open: optuna.trial.Trial | None = None
+        # each categorical's choices as this run first asked them (see ask)
+        self._choices: dict[str, tuple[Any, ...]] = {}
         self.n_at_start = len(self.study.get_trials(deepcopy=False)) + self._n_unrecorded()
 
     @property
@@ -227,14 +235,27 @@ class StudyLog:
         """The sampler's next setting (an enqueued one first); answer it with one of the
         ``tell``/``skip``/``duplicate`` calls."""
         trial = self._open = self.study.ask()
-        bs = trial.suggest_categorical("batch_size", space.batch_sizes)
+
+        def choose(name: str, choices: tuple[Any, ...]) -> Any:
+            return trial.suggest_categorical(name, self._declared(name, choices))
+
+        bs = choose("batch_size", space.batch_sizes)
         workers = trial.suggest_int("num_workers", 0, space.max_workers)
         pf = pers = None
         if workers:
-            pf = trial.suggest_categorical("prefetch_factor", space.prefetch_factors)
-            pers = trial.suggest_categorical("persistent_workers", space.persistent_workers)
-        pin = trial.suggest_categorical("pin_memory", space.pin_memory)
+            pf = choose("prefetch_factor", space.prefetch_factors)
+            pers = choose("persistent_workers", space.persistent_workers)
+        pin = choose("pin_memory", space.pin_memory)
         return Config(int(bs), workers, pf, bool(pin), bool(pers))
+
+    def _declared(self, name: str, choices: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The choices of categorical ``name`` as this run first declared them, while
+        ``choices`` are among them. A space narrowed mid-search (a batch size no longer the
+        loop's to change, a loader found created again) keeps them: Optuna's categorical has no
+        dynamic value space (it raises "does not support dynamic value space"), and the driver
+        skips a proposal outside the space (:meth:`SearchSpace.rejects`)."""
+        first = self._choices.setdefault(name, tuple(choices))
+        return first if set(choices) <= set(first) else tuple(choices)
 
     def _close(self) -> optuna.trial.Trial:
         trial, self._open = self._open, None
@@ -318,7 +339,7 @@ class StudyLog:
         self.study.add_trial(
             optuna.trial.create_trial(
                 params=_params(result.config),
-                distributions=_distributions(space, result.config),
+                distributions=_distributions(space, result.config, self._declared),
                 value=result.epoch_samples_per_s if state == TrialState.COMPLETE else None,
                 state=state,
                 user_attrs={
