@@ -110,7 +110,12 @@ class Tuner:
             why = why_not(loader) or self._shared_handles(loader)
             if why is not None:
                 self.untuned = True
-                self.report(f"loadertune: not tuning this DataLoader during the run: {why}")
+                self.report(
+                    f"loadertune: not tuning this DataLoader during the run: {why}; a side "
+                    "search tunes it instead, a fresh loader per setting (`loadertune search "
+                    "SCRIPT`, or `tune_loader` in code), and `loadertune run` applies what it "
+                    "saved"
+                )
             else:
                 self.swap = HotSwap(loader, self.conductor, fall_back=True, drain=True)
                 self.conductor.attach(self.swap)

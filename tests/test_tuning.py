@@ -591,3 +591,27 @@ def test_run_tune_takes_the_loader_by_its_line_and_says_when_none_is_it(tmp_path
     )
     assert none.returncode == 0, none.stderr[-3000:]
     assert "nothing was tuned: no DataLoader the script iterated is counts.py:99" in none.stderr
+
+
+def test_tuned_says_what_to_do_for_a_loader_it_cannot_swap(tmp_path: Path) -> None:
+    """An IterableDataset cannot change setting mid-epoch: the run goes on untuned, every
+    sample once, and the message says where such a loader is tuned (a side search)."""
+    from torch.utils.data import IterableDataset
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(torch.arange(40).split(1))
+
+    lines: list[str] = []
+    loader = tuned(
+        DataLoader(Stream(), batch_size=8),
+        budget_s=4,
+        out=tmp_path / "rec.json",
+        settings=SearchSettings(storage=f"sqlite:///{tmp_path}/s.db"),
+        report=lines.append,
+    )
+    with loader:
+        for _ in range(2):
+            assert sorted(int(i) for b in loader for i in b.flatten()) == list(range(40))
+    said = [line for line in lines if "not tuning this DataLoader" in line]
+    assert said and "IterableDataset" in said[0] and "loadertune search" in said[0], lines
