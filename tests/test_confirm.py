@@ -659,35 +659,20 @@ def test_a_baselines_window_stands_in_only_until_the_rounds_measure_it(clock: _C
     read 914 in its exploration's whole epoch and 841 in the round before (931 in a second,
     which A's did not reach). Pooled, A's median was 777 and B won, reported at 0.89 of A. A
     window stands in for A only until a round measures it the way the rounds measure B."""
-    run, ran = _runner(clock, {B: [841.0], A: [992.0]})
-    outcome = confirm(
-        run,
-        [B],
-        A,
-        rounds=2,
-        deadline=25.0,
-        trial_wall_s=10.0,
-        prior={B: [914.0]},
-        stand_in={A: [562.0]},
-    )
+
+    def rounds(deadline: float, **earlier: dict[Config, list[float]]) -> tuple:
+        clock.now = 0.0
+        run, ran = _runner(clock, {B: [841.0], A: [992.0]})
+        outcome = confirm(run, [B], A, rounds=2, deadline=deadline, trial_wall_s=10.0, **earlier)
+        return outcome, ran
+
+    outcome, ran = rounds(25.0, prior={B: [914.0]}, stand_in={A: [562.0]})
     assert ran == [B, A]
     assert outcome.values[A] == [992.0] and outcome.values[B] == [914.0, 841.0]
     assert outcome.winner == A
     # pooled as the rounds' own (the old way), the window decides against the baseline
-    clock.now = 0.0
-    run, ran = _runner(clock, {B: [841.0], A: [992.0]})
-    pooled = confirm(
-        run,
-        [B],
-        A,
-        rounds=2,
-        deadline=25.0,
-        trial_wall_s=10.0,
-        prior={B: [914.0], A: [562.0]},
-    )
+    pooled, _ = rounds(25.0, prior={B: [914.0], A: [562.0]})
     assert pooled.winner == B
     # where the deadline leaves the baseline out of the rounds, its window is what it has
-    clock.now = 0.0
-    run, ran = _runner(clock, {B: [841.0], A: [992.0]})
-    cut = confirm(run, [B], A, rounds=2, deadline=15.0, trial_wall_s=10.0, stand_in={A: [562.0]})
+    cut, ran = rounds(15.0, stand_in={A: [562.0]})
     assert ran == [B] and cut.values[A] == [562.0] and cut.winner == B

@@ -1490,22 +1490,11 @@ def test_a_step_ceiling_that_is_only_a_loops_rate_does_not_stop_the_search(tmp_p
 def test_the_ledger_splits_a_settings_rates_by_how_they_were_measured() -> None:
     """A window's rate and a whole epoch's are two measures: the confirmation pools only those
     measured as its rounds will measure (``Ledger.samples_of_kind``)."""
-    from loadertune.measure.meter import Measurement
     from loadertune.search.ledger import Ledger
+    from tests.test_report import _measurement
 
     def measured(config: Config, rate: float, whole: bool) -> TrialResult:
-        m = Measurement(
-            samples_per_s=rate,
-            sub_window_samples_per_s=[rate] * 4,
-            blocked_fraction=0.1,
-            first_batch_s=0.01,
-            warmup_s=0.1,
-            window_s=1.0,
-            n_samples=int(rate),
-            n_batches=10,
-            complete=True,
-            whole_epoch=whole,
-        )
+        m = dataclasses.replace(_measurement(rate), whole_epoch=whole)
         return TrialResult(config, phase="search", measurement=m)
 
     ledger = Ledger(memory_margin=0.1, min_gain=0.01)
@@ -1520,30 +1509,40 @@ def test_the_ledger_splits_a_settings_rates_by_how_they_were_measured() -> None:
     assert same == {a: [562.0], c: [800.0]} and other == {a: [700.0], b: [914.0]}
 
 
+def _told_mid_search(
+    tmp_path, hw, batch_sizes: list[int], **told: Any
+) -> tuple[list[Config], list[Config]]:
+    """The settings a search measures before the runner, at its 6th trial, takes on ``told``
+    (as a script's trial or a live run tells it what it found), and those it explores after,
+    on ``io_landscape``."""
+
+    class Told(FakeRunner):
+        def run(self, config: Config | None, **kw: Any) -> TrialResult:
+            result = super().run(config, **kw)
+            if len(self.log) == 6:
+                for name, value in told.items():
+                    setattr(self, name, value)
+            return result
+
+    runner = Told(io_landscape)
+    Search(
+        runner,
+        hardware=hw,
+        baseline=Config(64),
+        batch_sizes=batch_sizes,
+        settings=settings(tmp_path, n_trials=30),
+    ).run()
+    before = [c for phase, c in runner.log[:6] if phase != "replay"]
+    return before, [c for phase, c in runner.log[6:] if phase == "search"]
+
+
 def test_a_loader_found_created_again_mid_search_leaves_persistence_out_from_then_on(
     tmp_path, hw
 ) -> None:
     """A new DataLoader every epoch, seen only by a later trial (epochs longer than the
     opening's trials): persistent workers die with each loader, so no persistent setting runs
     after that (a new user's search tried them to its end and saved one)."""
-
-    class Recreated(FakeRunner):
-        def run(self, config: Config | None, **kw: Any) -> TrialResult:
-            result = super().run(config, **kw)
-            if len(self.log) == 6:
-                self.loader_recreated = True  # as a script's trial that saw two loaders says
-            return result
-
-    runner = Recreated(io_landscape)
-    Search(
-        runner,
-        hardware=hw,
-        baseline=Config(64),
-        batch_sizes=[64],
-        settings=settings(tmp_path, n_trials=30),
-    ).run()
-    before = [c for _, c in runner.log[:6]]
-    after = [c for phase, c in runner.log[6:] if phase == "search"]
+    before, after = _told_mid_search(tmp_path, hw, [64], loader_recreated=True)
     assert any(c.persistent_workers for c in before) and after
     assert not any(c.persistent_workers for c in after), after
 
@@ -1555,21 +1554,7 @@ def test_a_batch_size_fixed_mid_search_narrows_the_space_without_upsetting_optun
     at the first step): from then on only its own batch size is searched. Optuna's categorical
     has no dynamic value space: narrowed choices raised "does not support dynamic value
     space" at the next trial, in the training's own process."""
-
-    class Fixed(FakeRunner):
-        def run(self, config: Config | None, **kw: Any) -> TrialResult:
-            result = super().run(config, **kw)
-            if len(self.log) == 6:
-                self.batch_size_fixed = "the script asked the loader's length"
-            return result
-
-    runner = Fixed(io_landscape)
-    Search(
-        runner,
-        hardware=hw,
-        baseline=Config(64),
-        batch_sizes=[32, 64, 128],
-        settings=settings(tmp_path, n_trials=30),
-    ).run()
-    after = [c for phase, c in runner.log[6:] if phase == "search"]
+    _, after = _told_mid_search(
+        tmp_path, hw, [32, 64, 128], batch_size_fixed="the script asked the loader's length"
+    )
     assert after and all(c.batch_size == 64 for c in after), after
