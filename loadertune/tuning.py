@@ -328,6 +328,12 @@ def _settings(settings: SearchSettings | None, budget_s: float, study: str) -> S
 
 
 FIRST_WITH_GRAD = "the first the script iterates with gradients on (`--loader N` picks another)"
+# Iterated with gradients on before any optimizer existed (a sanity pass before training, or a
+# loop that trains nothing), then again: see _TuneScript._first_training.
+FIRST_AGAIN = (
+    "the first the script iterates with gradients on, again before any optimizer exists "
+    "(`--loader N` picks another)"
+)
 
 
 class _TuneScript:
@@ -353,6 +359,8 @@ class _TuneScript:
         self.selector = Selector(spec)  # names none without ``loader``
         self.target: LoaderRecord | None = None
         self._chosen_by = ""
+        self._optimizer_seen = False  # an optimizer existed at an iteration (training is on)
+        self._before_training: list[tuple[str, ...]] = []  # loaders iterated before it did
 
     def on_create(self, record: LoaderRecord, arguments: dict[str, Any]) -> dict[str, Any]:
         return self.apply.on_create(record, arguments)
@@ -419,8 +427,7 @@ class _TuneScript:
         if not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
             return False  # an evaluation (Lightning's sanity check before training): not this
         if self.entry is None:
-            self._chosen_by = FIRST_WITH_GRAD
-            return True
+            return self._first_training(record)
         if any(self.entry.differs(r, moved=True) is None for r in self.apply.created):
             return False  # the entry's loader exists: it is the one to tune, when iterated
         # The entry matches no loader the script created (the script changed since it was
@@ -430,8 +437,26 @@ class _TuneScript:
             f"on {self.entry.where()}; tuning the first the script iterates with gradients on"
         )
         self.entry = None
-        self._chosen_by = FIRST_WITH_GRAD
-        return True
+        return self._first_training(record)
+
+    def _first_training(self, record: LoaderRecord) -> bool:
+        """Whether ``record``'s loader, iterated with gradients on, is the one to tune: yes once
+        an optimizer exists (training is on); before any does, only when iterated again (a
+        loop that trains nothing). A sanity pass over the validation loader with gradients on,
+        before the script made its optimizer, had been tuned in place of the training loader
+        (``search`` finds the loader that feeds the optimizer, by its steps)."""
+        from loadertune.trials.identity import same_key
+        from loadertune.trials.target import optimizer_exists
+
+        if self._optimizer_seen or optimizer_exists():
+            self._optimizer_seen = True
+            self._chosen_by = FIRST_WITH_GRAD
+            return True
+        if any(same_key(record.identity, key) for key in self._before_training):
+            self._chosen_by = FIRST_AGAIN
+            return True
+        self._before_training.append(record.identity)
+        return False
 
 
 def run_script_tuned(

@@ -615,3 +615,41 @@ def test_tuned_says_what_to_do_for_a_loader_it_cannot_swap(tmp_path: Path) -> No
             assert sorted(int(i) for b in loader for i in b.flatten()) == list(range(40))
     said = [line for line in lines if "not tuning this DataLoader" in line]
     assert said and "IterableDataset" in said[0] and "loadertune search" in said[0], lines
+
+
+def test_run_tune_leaves_a_sanity_pass_before_the_optimizer_to_the_loader_that_trains(
+    tmp_path: Path,
+) -> None:
+    """A sanity pass of 2 batches over the validation loader, gradients on, before the
+    script makes its optimizer: the validation loader had been tuned (the first iterated with
+    gradients on), and the run had stopped inside it. The loader first iterated once an
+    optimizer exists is the one; a loop that trains nothing still gets its loader tuned, at
+    its second pass (``eval_first.py`` above, and ``counts.py``)."""
+    script = tmp_path / "sanity_first.py"
+    script.write_text(
+        "import torch\n"
+        "from torch.utils.data import DataLoader, TensorDataset\n"
+        "data = TensorDataset(torch.randn(512, 4), torch.randint(0, 2, (512,)))\n"
+        "val = DataLoader(data, batch_size=128)\n"
+        "model = torch.nn.Linear(4, 2)\n"
+        "for i, (x, y) in enumerate(val):\n"
+        "    model(x)\n"
+        "    if i >= 1:\n"
+        "        break\n"
+        "train = DataLoader(data, batch_size=16, shuffle=True)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+        "for epoch in range(300):\n"
+        "    for x, y in train:\n"
+        "        loss = torch.nn.functional.cross_entropy(model(x), y)\n"
+        "        opt.zero_grad()\n"
+        "        loss.backward()\n"
+        "        opt.step()\n"
+        "    for x, y in val:\n"
+        "        model(x)\n"
+    )
+    rec = tmp_path / "r.json"
+    proc = _loadertune("run", "--tune", "--budget", "3", "--file", str(rec), str(script))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"tuning DataLoader #2 at \S*sanity_first\.py:10 ", proc.stderr), proc.stderr
+    ((key, entry),) = store.entries_for(rec, hardware.current_key()).items()
+    assert entry["workload"]["loader_index"] == 2, key
