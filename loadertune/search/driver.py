@@ -358,9 +358,9 @@ class Search:
     def _persistence_kept(self, space: SearchSpace) -> SearchSpace:
         """``space`` without persistent workers once the runner has seen the script create its
         loader again (a new one every epoch, whose workers die with it: a persistent setting
-        measures the same as the other, and its trials are spent for nothing). A loader that
-        only a later trial sees created again (epochs longer than the opening's trials) was
-        searched both ways to the end."""
+        measures the same as the other, and its trials are spent for nothing). A later trial
+        may be the first to see it (epochs longer than the opening's trials); until then both
+        ways are searched."""
         if not self.runner.loader_recreated or space.persistent_workers == (False,):
             return space
         if self.observer:
