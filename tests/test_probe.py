@@ -121,14 +121,20 @@ def test_slow_single_worker_sets_worker_cost() -> None:
     assert est.worker_s_per_sample == pytest.approx(est.load_s_per_sample)
 
 
+def _eight_workers_of_large_samples(replay2: TrialResult | None = None) -> Estimates:
+    """A baseline of 8 workers at batch 256 that waited for data at 290 samples/s (the probe's
+    one-worker trial skipped then), loading in-process at batch 16 at 177."""
+    w0 = _result(Config(16), samples_per_s=177.0, blocked=0.23, blocked_cpu=0.97)
+    base = _result(Config(256, 8, 2), samples_per_s=290.0, blocked=0.9, phase="baseline")
+    replay = _result(Config(256), samples_per_s=3600.0, blocked=0.0, phase="replay")
+    return estimate(w0=w0, w1=base, replay=replay, usable_cpus=8, max_workers=18, replay2=replay2)
+
+
 def test_a_baselines_workers_input_bound_share_its_rate() -> None:
     """A baseline of 8 workers that waited for data (the probe's one-worker trial, skipped
     then) made 290 samples/s: each worker took 8/290 s a sample, not 1/290 (which had
     estimated 9 workers at 2,617 samples/s)."""
-    w0 = _result(Config(16), samples_per_s=177.0, blocked=0.23, blocked_cpu=0.97)
-    base = _result(Config(256, 8, 2), samples_per_s=290.0, blocked=0.9, phase="baseline")
-    replay = _result(Config(256), samples_per_s=3600.0, blocked=0.0, phase="replay")
-    est = estimate(w0=w0, w1=base, replay=replay, usable_cpus=8, max_workers=18)
+    est = _eight_workers_of_large_samples()
     assert est.worker_s_per_sample == pytest.approx(8 / 290)
     assert est.predicted_samples_per_s(9) <= 9 * 290 / 8
 
@@ -583,11 +589,8 @@ def test_seed_configs_lead_in_process_where_it_is_predicted_faster_than_the_work
     """Workers whose hand-over costs more than the loading they take over (8 of them made 290
     samples/s at batch 256 where loading in-process at 512 is predicted faster): the first seed
     loads in-process at the lead batch; the workers at that batch come later."""
-    w0 = _result(Config(16), samples_per_s=177.0, blocked=0.23, blocked_cpu=0.97)
-    base = _result(Config(256, 8, 2), samples_per_s=290.0, blocked=0.9, phase="baseline")
-    replay = _result(Config(256), samples_per_s=3600.0, blocked=0.0, phase="replay")
     replay2 = _result(Config(512), samples_per_s=7000.0, blocked=0.0, phase="replay")
-    est = estimate(w0=w0, w1=base, replay=replay, usable_cpus=8, max_workers=18, replay2=replay2)
+    est = _eight_workers_of_large_samples(replay2)
     space = SearchSpace(batch_sizes=(16, 64, 256, 512), max_workers=18)
     seeds = seed_configs(est, space, batch_size=256, epoch_length_known=False)
     at = est.at(512)

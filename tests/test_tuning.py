@@ -513,6 +513,21 @@ def test_run_tune_follows_a_moved_loader_and_says_when_its_line_changed(
     assert old in entries
 
 
+def _run_tune_tunes_loader_2(
+    script: Path, tmp_path: Path, *, line: int
+) -> subprocess.CompletedProcess[str]:
+    """``run --tune SCRIPT`` (3 s): it completes, says it tunes DataLoader #2, created at
+    ``line``, and saves that loader's entry."""
+    rec = tmp_path / "r.json"
+    proc = _loadertune("run", "--tune", "--budget", "3", "--file", str(rec), str(script))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    where = rf"tuning DataLoader #2 at \S*{re.escape(script.name)}:{line} "
+    assert re.search(where, proc.stderr), proc.stderr
+    ((key, entry),) = store.entries_for(rec, hardware.current_key()).items()
+    assert entry["workload"]["loader_index"] == 2, key
+    return proc
+
+
 def test_run_tune_leaves_a_loader_iterated_without_gradients_to_the_one_that_trains(
     tmp_path: Path,
 ) -> None:
@@ -534,13 +549,8 @@ def test_run_tune_leaves_a_loader_iterated_without_gradients_to_the_one_that_tra
         "    for batch in train:\n"
         "        time.sleep(0.001)\n"
     )
-    rec = tmp_path / "r.json"
-    proc = _loadertune("run", "--tune", "--budget", "3", "--file", str(rec), str(script))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert re.search(r"tuning DataLoader #2 at \S*eval_first\.py:6 ", proc.stderr), proc.stderr
+    proc = _run_tune_tunes_loader_2(script, tmp_path, line=6)
     assert "the first the script iterates with gradients on" in proc.stderr
-    ((key, entry),) = store.entries_for(rec, hardware.current_key()).items()
-    assert entry["workload"]["loader_index"] == 2, key
 
 
 def test_torchs_warning_about_the_scripts_own_loader_comes_once_not_every_epoch(
@@ -647,9 +657,4 @@ def test_run_tune_leaves_a_sanity_pass_before_the_optimizer_to_the_loader_that_t
         "    for x, y in val:\n"
         "        model(x)\n"
     )
-    rec = tmp_path / "r.json"
-    proc = _loadertune("run", "--tune", "--budget", "3", "--file", str(rec), str(script))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert re.search(r"tuning DataLoader #2 at \S*sanity_first\.py:10 ", proc.stderr), proc.stderr
-    ((key, entry),) = store.entries_for(rec, hardware.current_key()).items()
-    assert entry["workload"]["loader_index"] == 2, key
+    _run_tune_tunes_loader_2(script, tmp_path, line=10)

@@ -373,8 +373,8 @@ def seed_configs(
         # Loading in-process is predicted the faster at the lead batch (the workers' hand-over
         # costs more than the loading they take over): it goes first, the workers after. In
         # the simulator a baseline of 8 workers at batch 256 of 5.7-MB samples made 290
-        # samples/s, in-process at 512 was predicted at 573 (the truth: 562), and the first
-        # seed was 4 workers at 512, whose batches in flight the shared memory could not hold.
+        # samples/s, in-process at 512 was predicted at 573 (the truth: 562), and the seeds
+        # had led with 4 workers at 512.
         variants = [Config(lead, 0, None, pin)] + [
             Config(lead, min(w, space.max_workers), START_PREFETCH, pin, persist)
             for w in (first, need)

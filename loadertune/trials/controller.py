@@ -84,7 +84,6 @@ class TrialController:
         self._candidates: dict[tuple[str, ...], Metered] = {}
         self.swap: hotswap.HotSwap | None = None  # many settings in this process
         self.conductor: ChannelConductor | None = None
-        self._swap_loaders: list[int] = []  # the index of each script loader the swap served
         self._script_batch_size: dict[int, Any] = {}  # per loader, as the script built it
         self._records: list[LoaderRecord] = []  # in order of creation
         self._chosen_by = "--loader" if self.selector.named else ""
@@ -153,11 +152,11 @@ class TrialController:
             _internals.shut_down(_internals.live_iterator(self.target.loader))
             self.swap = hotswap.HotSwap(loader, self.conductor, fall_back=False, keep_length=True)
         if self.swap is not None:
-            return self._swap_epoch(loader, record)
+            return self._swap_epoch(loader)
         if self.target is None:
             self._start(self._metered(loader, record, original, sink=self.sink))
             if self.swap is not None:
-                return self._swap_epoch(loader, record)
+                return self._swap_epoch(loader)
         assert self.target is not None
         why = dl.why_no_batches(loader)
         if why is not None:  # say so, rather than "ended before its first batch" or a
@@ -169,13 +168,12 @@ class TrialController:
             return self.target.replay(first)
         return self.target.epoch(loader, record, original)
 
-    def _swap_epoch(self, loader: DataLoader[Any], record: LoaderRecord) -> Iterator[Any]:
+    def _swap_epoch(self, loader: DataLoader[Any]) -> Iterator[Any]:
         """The HotSwap's epoch; a loader of the key created again (the search then knows it is
         re-created and runs one setting per process) serves the next epochs' order, the setting
-        in use rebuilt over it (:meth:`~loadertune.trials.hotswap.HotSwap.follow`)."""
+        in use rebuilt over it (:meth:`~loadertune.trials.hotswap.HotSwap.follow`, which counts
+        the loaders served for the trial's ``ran``)."""
         assert self.swap is not None
-        if record.index not in self._swap_loaders:
-            self._swap_loaders.append(record.index)
         self.swap.follow(loader)
         return self.swap.epoch()
 
@@ -390,7 +388,6 @@ class TrialController:
         swap = hotswap.HotSwap(target.loader, self.conductor, fall_back=False, keep_length=True)
         if epoch is not None and epoch.hand_over(swap.rest_of_epoch):
             self.swap = swap
-            self._swap_loaders.append(target.loaders[-1])  # the loader of the epoch taken over
 
     def _no_batches(self, why: str, record: LoaderRecord, loader: DataLoader[Any]) -> None:
         """The tuned loader yields nothing: report, then wait for the parent to end us."""
@@ -411,7 +408,7 @@ class TrialController:
             if self.conductor.step is not None:
                 epoch_samples = self.swap.epoch_samples(self.conductor.step.config)
             if self.swap.current is not None:
-                ran = {**self.swap.current.segment.ran(), "loaders": len(self._swap_loaders)}
+                ran = {**self.swap.current.segment.ran(), "loaders": self.swap.n_loaders}
         elif self.target is not None:
             mean_batch = m.n_samples / m.n_batches if m.n_batches else None
             epoch_samples = dl.epoch_samples(self.target.loader, mean_batch)
