@@ -12,6 +12,7 @@ import pytest
 
 from loadertune.config import Config
 from loadertune.errors import ConfigError
+from loadertune.measure.failures import FailureKind
 from loadertune.measure.meter import Measurement, WindowSpec
 from loadertune.measure.resources import tree_pss
 from loadertune.trials import Limits, TrialResult, window_for
@@ -480,6 +481,36 @@ def test_a_whole_epoch_trial_that_the_last_epoch_cannot_hold_starts_in_a_fresh_l
         assert m is not None and m.whole_epoch and m.complete and m.n_batches == 38
     cut = [i for i, r in enumerate(results) if r.extra["ran"].get("cut_short_pids")]
     assert len(cut) == 1, cut  # the first launch's, before a launch's epochs were known
+
+
+def test_a_script_that_raises_after_its_training_loop_is_a_launch_that_ended() -> None:
+    """raise_after.py trains 2 epochs, then raises. A new user's search of such a script
+    reached the raise with a trial under way, stopped with "fix the script" and wrote no
+    file: every trial was lost. Code after the training runs once a run is over; the trial
+    under way is measured again in a fresh launch, as when a script ends. The same raise
+    inside the loop is the script's bug, as before."""
+    limits = Limits(timeout_s=60, startup_s=30, hang_s=5)
+    runner = ScriptRunner(SCRIPTS / "raise_after.py", ["2"])
+    try:
+        results = [
+            runner.run(c, window=window_for(c or Config(16), window_s=0.3), limits=limits)
+            for c in [None, *[Config(16, w, 2) for w in (1, 2, 1, 2, 1, 2)]]
+        ]
+        launches = runner.n_launches
+    finally:
+        runner.close()
+    assert all(r.ok for r in results), [r.failure for r in results]
+    assert launches >= 2, "the script never reached its raise: the test tests nothing"
+    runner = ScriptRunner(SCRIPTS / "raise_after.py", ["3", "mid"])
+    try:
+        results = [
+            runner.run(c, window=window_for(c or Config(16), window_s=0.3), limits=limits)
+            for c in [None, *[Config(16, w, 2) for w in (1, 2, 1, 2, 1, 2)]]
+        ]
+    finally:
+        runner.close()
+    bugs = [r.failure for r in results if r.failure is not None]
+    assert bugs and bugs[0].kind == FailureKind.SCRIPT_ERROR and bugs[0].user_bug, bugs
 
 
 def test_a_worker_killed_mid_sequence_is_recorded_and_the_rest_runs_in_a_fresh_process() -> None:

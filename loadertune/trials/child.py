@@ -81,6 +81,11 @@ def main() -> None:
         error = _internals.contained(functools.partial(run_as_main, spec["script"], spec["args"]))
         if isinstance(error, SystemExit):
             how = f"the script exited with status {error.code}"
+        elif error is not None and controller.raised_after_training():
+            how = (
+                f"the script raised {type(error).__name__} after its loop over the tuned "
+                "loader ended"
+            )
         elif error is not None:  # the script's own exception: report it, then end
             _internals.settle(functools.partial(_report_failure, controller, chan, error))
             sys.stdout.flush()

@@ -62,6 +62,11 @@ class EpochLengths:
         if epoch is not None and (epoch.taken or epoch.ended):
             self._shares.append(1.0 if epoch.ended else min(1.0, epoch.taken / epoch.batches))
 
+    def between_epochs(self) -> bool:
+        """The epoch the script took last ran to its end, and no other has begun: the script's
+        loop over the tuned loader is over, or between two epochs."""
+        return self._open is not None and self._open.ended
+
     def fraction(self) -> float | None:
         """The mean share of the loader's epoch the script took per ``iter()`` (so start-ups
         per sample come out right), over the epochs it has left (began the next one) or
