@@ -243,7 +243,7 @@ _STAGE_NAMES = {
 CEILING_EXCEEDED = 105.0  # percent of the estimated ceiling beyond which noise does not explain it
 
 
-def _ceiling_refuted(entry: dict[str, Any], ceiling: float) -> str:
+def _ceiling_refuted(entry: Mapping[str, Any], ceiling: float) -> str:
     """What the summary adds when a trial of the search measured far above the estimated
     ceiling that the winner's median stays under: the estimate bounds nothing then. The best of
     several noisy trials reads above a true ceiling by more than a median does, so the bar is
