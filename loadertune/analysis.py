@@ -381,7 +381,8 @@ def clearly_better(outcome: SearchOutcome, hw: Hardware) -> bool:
 
 
 def unconfirmed(outcome: SearchOutcome) -> bool:
-    """Nothing could compare the winner with the baseline: no final rounds measured the winner,
+    """Nothing could compare the winner with the baseline: the final rounds measured the winner
+    but the deadline came before the baseline's turn, or no final rounds measured the winner
     and one of the two has fewer than two sub-window rates in this run (a short epoch measured
     whole, once), so :func:`clearly_better` had nothing to test. "Within the noise" would then
     be a claim no figure supports: on an H200, a 45-s search of the image example, whose
@@ -389,8 +390,14 @@ def unconfirmed(outcome: SearchOutcome) -> bool:
     per epoch, measured in one window, was called within the noise."""
     winner, base = outcome.winner, outcome.baseline
     conf = outcome.confirmation
-    if winner == base or (conf is not None and conf.winner == winner):
+    if winner == base:
         return False
+    if conf is not None and conf.winner == winner:
+        # the rounds measured the winner; the baseline too, unless the deadline came first,
+        # when only a gap no load explains still compares them
+        return not conf.results.get(base) and not conf.clearly_better_than_baseline(
+            sub_windows=True
+        )
     return min(len(_sub_window_rates(outcome, c)) for c in (winner, base)) < 2
 
 
@@ -416,8 +423,9 @@ def warnings(outcome: SearchOutcome, hw: Hardware) -> list[str]:
     if unconfirmed(outcome):
         out.append(
             "the winner was not measured beside your settings: the budget left no time for "
-            "side-by-side rounds, and one short window is too little to tell noise from a "
-            "difference; a longer search (--budget, or budget_s=) confirms it"
+            "side-by-side rounds of both, and figures from different moments of a shared "
+            "machine cannot tell noise from a difference; a longer search (--budget, or "
+            "budget_s=) confirms it"
         )
     elif outcome.winner != outcome.baseline and not clearly_better(outcome, hw):
         out.append(

@@ -383,8 +383,8 @@ def summary_lines(rec: Recommendation | Mapping[str, Any]) -> list[str]:
             verdict = "clearly faster than your settings"
         elif entry.get("unconfirmed"):
             verdict = (
-                "not confirmed: one of the two was measured in one short window only, with no "
-                "time left to measure them side by side"
+                "not confirmed: no time was left to measure the two side by side, and figures "
+                "from different moments tell too little"
             )
         elif speedup < 1:
             # It led over the whole search (the rounds and the exploration's figures pooled),

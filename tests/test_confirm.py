@@ -416,6 +416,22 @@ def test_a_baseline_the_deadline_left_out_of_the_rounds_is_judged_by_its_own_win
     assert not c.clearly_better
 
 
+def test_a_baseline_the_deadline_left_out_of_the_rounds_is_beaten_clearly_only_by_far() -> None:
+    """A new user's script search: its baseline's one window (its first launch's) read 9,815
+    samples/s, the winner's one round 17,689, and the rounds' deadline came before the
+    baseline's turn. "1.81x, clearly faster" was said; end to end the two ran alike. Figures
+    from different moments say "clearly" only past APART_MARGIN, and the verdict is that
+    nothing confirmed it."""
+    base, win = Config(48, 2, 2), Config(48, 6, 1, persistent_workers=True)
+    c = Confirmation(baseline=base)
+    c.values = {win: [17689.0], base: [9815.0]}
+    c.results = {win: [TrialResult(win, phase="confirm")]}
+    c.prior_sub_windows = {base: [9500.0, 9900.0, 10100.0], win: [17000.0, 18000.0, 18100.0]}
+    assert not c.clearly_better
+    c.values[win], c.prior_sub_windows[win] = [36000.0], [35000.0, 36500.0, 37000.0]
+    assert c.clearly_better  # 3.6x
+
+
 def _outcome(
     trials: list[TrialResult], confirmation: Confirmation | None, *, values: dict[Config, float]
 ) -> SearchOutcome:
