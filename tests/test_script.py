@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import get_args, get_type_hints
 
@@ -106,6 +107,31 @@ def test_a_validation_inside_the_epoch_is_left_out_of_the_window_and_is_no_hang(
         assert result.ok, result.failure
         rates[arg] = result.samples_per_s
     assert rates["val"] > 0.5 * rates["none"], rates
+
+
+def test_a_validation_inside_the_epoch_is_left_out_of_a_whole_epochs_window_too() -> None:
+    """Epochs of 100 steps, a validation of about 1.2 s every 40: hot-swapped whole-epoch
+    trials had kept the validations in, and a new user's search, whose opening measured windows
+    without them, read each such trial at half its rate and pruned it."""
+    limits = Limits(timeout_s=60, startup_s=30, hang_s=5)
+    config = Config(16, 2, 2)
+    rates = {}
+    for arg in ("val", "none"):
+        _, results = _in_turn(
+            "val_inside.py",
+            [None, config],
+            [arg, "1600"],
+            window=lambda c: (
+                window_for(c, window_s=2.0, whole_epoch=True)
+                if c
+                else window_for(config, window_s=0.3)
+            ),
+            limits=limits,
+        )
+        m = results[1].measurement
+        assert m is not None and m.whole_epoch, m
+        rates[arg] = results[1].samples_per_s
+    assert rates["val"] > 0.6 * rates["none"], rates
 
 
 def test_the_scripts_own_settings_are_measured() -> None:
@@ -243,17 +269,20 @@ SWAPPED = [Config(32, 2, 2), Config(8), Config(16, 1, 2, persistent_workers=True
 
 
 def _in_turn(
-    script: str, configs: list[Config | None], args: list[str] | None = None
+    script: str,
+    configs: list[Config | None],
+    args: list[str] | None = None,
+    *,
+    window: Callable[[Config | None], WindowSpec] | None = None,
+    limits: Limits | None = None,
 ) -> tuple[ScriptRunner, list[TrialResult]]:
-    """``configs`` (None: the script's own) measured in turn on ``script``, whose runner is
-    closed after; every trial ok."""
+    """``configs`` (None: the script's own) measured in turn on ``script`` (windows of 0.3 s,
+    or ``window(config)``), whose runner is closed after; every trial ok."""
     runner = ScriptRunner(SCRIPTS / script, args or [])
-    limits = Limits(timeout_s=60, startup_s=30, hang_s=5)
+    limits = limits or Limits(timeout_s=60, startup_s=30, hang_s=5)
+    window = window or (lambda c: window_for(c or Config(1), window_s=0.3))
     try:
-        results = [
-            runner.run(c, window=window_for(c or Config(1), window_s=0.3), limits=limits)
-            for c in configs
-        ]
+        results = [runner.run(c, window=window(c), limits=limits) for c in configs]
     finally:
         runner.close()
     assert all(r.ok for r in results), [r.failure for r in results]

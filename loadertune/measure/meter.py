@@ -556,13 +556,13 @@ class Meter:
         :meth:`place` at the pass's start): that time is left out of the window, as a rest
         between two epochs is. A validation 4 times an epoch took more time than the training's
         loading in a new user's Lightning script; inside the windows it made sub-window rates
-        spread by 100-170%, and decided which setting won. A whole epoch's window keeps it: each
-        setting's epochs hold the same validations, and such a window ends at the epoch's end,
-        or at twice its expected time where the loop stops by count (Lightning) and never
-        raises StopIteration: in time left out, that took a trial a minute."""
+        spread by 100-170%, and decided which setting won. A whole epoch's window leaves it out
+        too: it had kept it (each setting's epochs hold the same validations), and a new user's
+        search, whose opening measured windows without it, then read every whole-epoch trial
+        at half the opening's rate and pruned each one. Such a window ends at its epoch's end,
+        by StopIteration or by count (:meth:`_epoch_ended`)."""
         if (
             self._phase == _WINDOW
-            and not self.spec.whole_epoch
             and self._paused_at is None  # (a rest between epochs is left out at the next one)
             and since == self.place()
             and seconds > 0

@@ -1,6 +1,7 @@
 """A validation pass inside the training epoch every 40 steps (Lightning's val_check_interval,
 the Hugging Face Trainer's eval_steps), each far longer than those 40 steps' loading: argv[1]
-"val" runs it, anything else leaves it out."""
+"val" runs it, anything else leaves it out; argv[2], optional: the training loader's samples
+(20,000)."""
 
 import sys
 import time
@@ -21,7 +22,8 @@ class SlowVal(Dataset):
 
 
 validate = len(sys.argv) > 1 and sys.argv[1] == "val"
-train = DataLoader(Latency(), batch_size=16, shuffle=True)
+n = int(sys.argv[2]) if len(sys.argv) > 2 else 20000
+train = DataLoader(Latency(n=n), batch_size=16, shuffle=True)
 val = DataLoader(SlowVal(), batch_size=8)
 model = torch.nn.Linear(8, 3)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
