@@ -437,6 +437,9 @@ class TrialController:
             self.target is not None
             and self.failed_loader() is None
             and self.epoch_lengths.between_epochs()
+            # (after its first epoch, code that raises is more likely a bug every epoch meets:
+            # a print of a figure the loop never set)
+            and (self.epochs_begun() or 0) >= 2
         )
 
     def failed_loader(self) -> Metered | None:
