@@ -658,3 +658,18 @@ def test_run_tune_leaves_a_sanity_pass_before_the_optimizer_to_the_loader_that_t
         "        model(x)\n"
     )
     _run_tune_tunes_loader_2(script, tmp_path, line=10)
+
+
+def test_looking_for_an_optimizer_warns_nothing() -> None:
+    """The scan of the garbage collector's objects met ``torch.distributed.reduce_op``, whose
+    ``isinstance`` warns: a FutureWarning from loadertune's own line reached a new user's
+    ``run --tune`` output."""
+    import warnings
+
+    import torch.distributed  # noqa: F401  (what holds the deprecated attribute)
+
+    from loadertune.trials.target import optimizer_exists
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        optimizer_exists()

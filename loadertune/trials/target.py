@@ -22,6 +22,7 @@ be taken for it).
 from __future__ import annotations
 
 import gc
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -125,7 +126,11 @@ class FeedWatch:
 
 def optimizer_exists() -> bool:
     """Whether any torch optimizer exists in this process (once, when it matters: a scan of the
-    garbage collector's objects)."""
+    garbage collector's objects). Quietly: ``isinstance`` on some objects warns
+    (``torch.distributed.reduce_op``'s FutureWarning), and that had reached a user's output
+    from loadertune's own line."""
     from torch.optim import Optimizer
 
-    return any(isinstance(obj, Optimizer) for obj in gc.get_objects())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return any(isinstance(obj, Optimizer) for obj in gc.get_objects())
