@@ -280,6 +280,12 @@ def _stop_words(entry: Mapping[str, Any]) -> str:
     noisy machine the first can reach the ceiling while the second does not."""
     s = entry.get("search") or {}
     reason = s.get("stop_reason")
+    if reason == "budget":
+        rounds = [t for t in entry.get("trials") or [] if t.get("phase") == "confirm"]
+        if not any(t.get("status") == "ok" for t in rounds):
+            # (no final round ran, or none ran to its end: a new user read of rounds that
+            # never ran)
+            return "the budget ran out before any final round measured the finalists"
     if reason != "at_ceiling":
         return _STOP_REASONS.get(reason or "", reason or "unknown")
     best = s.get("best_explored_samples_per_s")

@@ -246,8 +246,8 @@ def test_summary_lines() -> None:
     )
     assert any(line.startswith("best at your batch size: bs=64 w=4 pf=2") for line in lines)
     assert any(
-        "2 trials in 42 s, stopped: what was left of the budget held no further trial beside "
-        "the final rounds" in line
+        "2 trials in 42 s, stopped: the budget ran out before any final round measured the "
+        "finalists" in line
         for line in lines
     )
     assert not any("resumed" in line for line in lines)
@@ -305,11 +305,20 @@ def test_summary_lines_say_a_resumed_study_held_earlier_trials() -> None:
     rec.search["n_previous_trials"] = 12
     lines = summary_lines(rec)
     assert any(
-        "2 trials in 42 s, stopped: what was left of the budget held no further "
-        "trial beside the final rounds; resumed a study of 12 trials from "
-        "earlier runs; study 's'" in line
+        "2 trials in 42 s, stopped: the budget ran out before any final round measured the "
+        "finalists; resumed a study of 12 trials from earlier runs; study 's'" in line
         for line in lines
     )
+
+
+def test_the_budgets_stop_names_final_rounds_only_where_one_ran() -> None:
+    """A new user's searches said the budget "held no further trial beside the final rounds"
+    where no final round had run, or the deadline had stopped the only one."""
+    rec = _recommendation(trials=[OK, dataclasses.replace(OK, phase="confirm")])
+    assert any("held no further trial beside the final rounds" in x for x in summary_lines(rec))
+    cut = dataclasses.replace(OK, phase="confirm", measurement=None, skipped="the deadline")
+    rec = _recommendation(trials=[OK, cut])
+    assert any("before any final round measured the finalists" in x for x in summary_lines(rec))
 
 
 def test_summary_lines_within_noise_and_same_batch_size() -> None:
