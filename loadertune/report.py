@@ -408,7 +408,8 @@ def summary_lines(rec: Recommendation | Mapping[str, Any]) -> list[str]:
             # not for free: a batch size of its own asks the learning rate to change with it
             verdict = (
                 "within the noise of your settings, at another batch size: keeping yours "
-                "loses nothing (`loadertune run` keeps it, with the best setting at it)"
+                "loses nothing (the best setting at it is below; `loadertune run` applies that "
+                "one, and in code `rec.best_at_batch_size` holds it)"
             )
         else:
             verdict = (

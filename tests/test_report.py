@@ -538,7 +538,8 @@ def test_within_the_noise_says_what_keeping_the_settings_means() -> None:
     learning rate to change with it), and a winner that is the user's own setting is said so."""
     other_bs = summary_lines(_recommendation(within_noise=True, speedup=1.03))
     assert (
-        "at another batch size: keeping yours loses nothing (`loadertune run` keeps it"
+        "at another batch size: keeping yours loses nothing (the best setting at it is below; "
+        "`loadertune run` applies that one, and in code `rec.best_at_batch_size` holds it)"
         in (other_bs[0])
     )
     assert "for free" not in other_bs[0]
