@@ -258,6 +258,18 @@ def test_run_returns_the_scripts_exit_status(tmp_path: Path) -> None:
     assert loadertune("run", str(script), "--file", str(tmp_path / "none.json")).returncode == 3
 
 
+def test_run_shows_a_scripts_exception_as_python_does(tmp_path: Path) -> None:
+    """A new user's `run` buried their traceback under about 20 frames of loadertune, click
+    and runpy; it now starts at the script's own frame, and the exit status is 1."""
+    proc = loadertune("run", str(SCRIPTS / "crash_early.py"), "--file", str(tmp_path / "n.json"))
+    assert proc.returncode == 1
+    tb = proc.stderr[proc.stderr.index("Traceback (most recent call last):") :]
+    first = tb.splitlines()[1]
+    assert "crash_early.py" in first and "line 5" in first, tb
+    assert "click" not in tb and "loadertune" not in tb, tb
+    assert tb.rstrip().endswith("KeyError: 'learning_rate'"), tb
+
+
 def test_show_marks_this_machine(tmp_path: Path) -> None:
     out = tmp_path / "rec.json"
     store.save_entry(out, hardware.current_key(), _entry(2))

@@ -4,8 +4,10 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
+from types import TracebackType
 
 import click
 
@@ -21,6 +23,7 @@ from loadertune.cli._common import (
     nproc_option,
 )
 from loadertune.errors import LoadertuneError
+from loadertune.trials.reported import LAUNCHER_ENV
 
 
 @click.command(cls=ScriptCommand, context_settings={"ignore_unknown_options": False})
@@ -89,4 +92,34 @@ def run(
         # would print "Aborted!" and exit 1).
         print(tracebacks.trim(traceback.format_exc().rstrip()).text, file=sys.stderr)
         sys.exit(130)
+    except Exception as exc:
+        shown = script_traceback(exc, script)
+        if shown is None:  # not the script's: loadertune's own, shown whole
+            raise
+        print(shown, file=sys.stderr)
+        if LAUNCHER_ENV in str(exc):
+            err.print(f"loadertune: {NEEDS_LAUNCHER_TO_RUN}", soft_wrap=True)
+        sys.exit(1)  # as `python SCRIPT` ends on an exception
     sys.exit(code)
+
+
+NEEDS_LAUNCHER_TO_RUN = (
+    "the script calls torch.distributed.init_process_group(), which needs the environment "
+    "torch's launcher sets (RANK, WORLD_SIZE, MASTER_ADDR): run it as torchrun runs it, with "
+    "`loadertune run --nproc-per-node N SCRIPT -- ARGS` (N: the size its entry was tuned at)"
+)
+
+
+def script_traceback(exc: BaseException, script: str) -> str | None:
+    """``exc``'s traceback as `python SCRIPT` shows it: from the script's first frame on (the
+    frames of click, loadertune and runpy above it left out), torch's and Python's marked as
+    left out; None when no frame is the script's. A new user's `run` had shown about 20 such
+    frames above their own line."""
+    target = os.path.realpath(script)
+    tb: TracebackType | None = exc.__traceback__
+    while tb is not None and os.path.realpath(tb.tb_frame.f_code.co_filename) != target:
+        tb = tb.tb_next
+    if tb is None:
+        return None
+    text = "".join(traceback.format_exception(type(exc), exc, tb)).rstrip()
+    return tracebacks.trim(text).text
