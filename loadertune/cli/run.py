@@ -11,6 +11,7 @@ from types import TracebackType
 
 import click
 
+import loadertune
 from loadertune import saved, tracebacks
 from loadertune.cli._common import (
     ScriptCommand,
@@ -113,13 +114,21 @@ NEEDS_LAUNCHER_TO_RUN = (
 def script_traceback(exc: BaseException, script: str) -> str | None:
     """``exc``'s traceback as `python SCRIPT` shows it: from the script's first frame on (the
     frames of click, loadertune and runpy above it left out), torch's and Python's marked as
-    left out; None when no frame is the script's. A new user's `run` had shown about 20 such
-    frames above their own line."""
+    left out; None when no frame is the script's, or the exception was raised in loadertune's
+    own code (a bug of ours, under the script's loop: shown whole). A new user's `run` had
+    shown about 20 such frames above their own line."""
     target = os.path.realpath(script)
     tb: TracebackType | None = exc.__traceback__
     while tb is not None and os.path.realpath(tb.tb_frame.f_code.co_filename) != target:
         tb = tb.tb_next
-    if tb is None:
+    if tb is None or _raised_in_loadertune(tb):
         return None
     text = "".join(traceback.format_exception(type(exc), exc, tb)).rstrip()
     return tracebacks.trim(text).text
+
+
+def _raised_in_loadertune(tb: TracebackType) -> bool:
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    ours = os.path.join(os.path.dirname(os.path.realpath(loadertune.__file__)), "")
+    return os.path.realpath(tb.tb_frame.f_code.co_filename).startswith(ours)
