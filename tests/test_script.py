@@ -131,7 +131,9 @@ def test_a_validation_inside_the_epoch_is_left_out_of_a_whole_epochs_window_too(
         m = results[1].measurement
         assert m is not None and m.whole_epoch, m
         rates[arg] = results[1].samples_per_s
-    assert rates["val"] > 0.6 * rates["none"], rates
+    # (kept in, the validations read it at about 0.2 of the rate without them; a loaded
+    # machine moves one trial's rate against the other's by up to about 0.6)
+    assert rates["val"] > 0.4 * rates["none"], rates
 
 
 def test_the_scripts_own_settings_are_measured() -> None:

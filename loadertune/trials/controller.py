@@ -89,6 +89,8 @@ class TrialController:
         self._chosen_by = "--loader" if self.selector.named else ""
         self.watch = None if self.selector.named else FeedWatch(self._fed, self._epoch_samples)
         self.epoch_lengths = EpochLengths()  # the target's epochs, as the script takes them
+        # (each candidate's, while the target is not known: the chosen one's become the target's)
+        self._candidate_lengths: dict[tuple[str, ...], EpochLengths] = {}
         self._iters: Counter[tuple[str, ...]] = Counter()  # iter() calls per loader key
 
     def epochs_begun(self) -> int | None:
@@ -130,11 +132,15 @@ class TrialController:
         self, loader: DataLoader[Any], record: LoaderRecord, original: OriginalIter
     ) -> Iterator[Any]:
         self._iters[record.identity] += 1
-        if self.target_key is None or not same_key(record.identity, self.target_key):
+        if self.target_key is None:
+            lengths = self._candidate_lengths.setdefault(record.identity, EpochLengths())
+        elif same_key(record.identity, self.target_key):
+            lengths = self.epoch_lengths
+        else:
             return self._epoch(loader, record, original)
-        self.epoch_lengths.close()  # (before the next epoch's workers start)
+        lengths.close()  # (before the next epoch's workers start)
         epoch = self._epoch(loader, record, original)
-        return self.epoch_lengths.count(epoch, dl.batches_per_epoch(loader))
+        return lengths.count(epoch, dl.batches_per_epoch(loader))
 
     def _epoch(
         self, loader: DataLoader[Any], record: LoaderRecord, original: OriginalIter
@@ -217,6 +223,7 @@ class TrialController:
 
     def _choose(self, key: tuple[str, ...], how: str, *, remeasure: bool = False) -> None:
         self.target_key, self._chosen_by = key, how
+        self.epoch_lengths = self._candidate_lengths.get(key, self.epoch_lengths)
         for other_key, other in self._candidates.items():
             if other_key != key:
                 other.active = False  # its epochs go on, unmeasured
@@ -281,7 +288,7 @@ class TrialController:
             own=own,  # the script's own: a trial without overrides runs them
             own_batch_size=self._script_batch_size.get(self.target.record.index) or own.batch_size,
             make_sink=lambda: ChannelSink(self.chan),
-            epoch_scale=self.epoch_lengths.scale,
+            epoch_scale=lambda samples: self.epoch_lengths.scale(samples),
             epochs_begun=self.epochs_begun,
         )
         if not found:
