@@ -191,7 +191,8 @@ def tune_loader(
         dataset: the dataset to load (map-style or iterable).
         batch_size: an int to keep fixed, a list of candidates, or None for powers of two.
         step: your training step, ``step(batch)``; None tunes loading alone (with CUDA, the
-            batch is then copied to the GPU).
+            batch is then copied to the GPU). It runs on every trial's batches: a step that
+            updates a model trains it during the search (pass a copy, or restore its state).
         budget_s: wall-clock cap of the whole call, in seconds.
         n_trials: cap on the settings measured (None: the budget decides).
         max_workers: highest ``num_workers`` to try (None: derived from CPUs and memory).
