@@ -223,7 +223,10 @@ class TrialController:
 
     def _choose(self, key: tuple[str, ...], how: str, *, remeasure: bool = False) -> None:
         self.target_key, self._chosen_by = key, how
-        self.epoch_lengths = self._candidate_lengths.get(key, self.epoch_lengths)
+        self.epoch_lengths = self._candidate_lengths.pop(key, self.epoch_lengths)
+        for lengths in self._candidate_lengths.values():
+            lengths.close()  # (an epoch the script dropped goes, its workers with it)
+        self._candidate_lengths.clear()
         for other_key, other in self._candidates.items():
             if other_key != key:
                 other.active = False  # its epochs go on, unmeasured
