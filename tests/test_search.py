@@ -1262,6 +1262,30 @@ def test_many_workers_are_judged_at_the_rate_the_estimates_predict_not_the_slow_
     assert search._past_the_budget(many, est) is None  # 130 batches at 1600/s: 10 s
 
 
+def test_a_whole_epochs_trial_is_timed_at_the_rate_it_is_judged_at_not_the_slow_bests(
+    tmp_path, hw
+) -> None:
+    """Epochs of 100 samples, measured whole; the best so far makes 50 samples/s (2 s an
+    epoch), and the probe predicts 16 workers make 800 (an eighth of a second). The epoch had
+    been timed at the best's rate whatever the setting: a baseline of slow batches of 512 set
+    it at 53 samples/s, every setting was skipped with 9 s left, and the search ended at 0.07
+    of the best in the simulator."""
+    search = Search(
+        FakeRunner(io_landscape, epoch_samples=100),
+        hardware=hw,
+        baseline=Config(16),
+        batch_sizes=[16],
+        settings=settings(tmp_path),
+    )
+    search._deadline = time.monotonic() + 1.5
+    search.ledger.values[Config(16, 1, 2)] = 50.0
+    search.ledger.n_explored = 1
+    many = Config(16, 16, 2)
+    assert search._window(many).whole_epoch
+    assert search._past_the_budget(many, _estimates()) is None  # 0.3 s + 0.125 s
+    assert search._past_the_budget(Config(16), _estimates()) is not None  # 2 s at 50/s
+
+
 def test_without_estimates_more_workers_are_timed_at_the_pace_of_the_workers_measured(
     tmp_path, hw
 ) -> None:

@@ -254,8 +254,15 @@ class Search:
         overhead: bool = True,
     ) -> float:
         """What a trial of ``config`` at ``rate`` samples/s is expected to take: its own
-        (:func:`plan.trial_s`) and, with ``overhead``, the run's overhead per trial."""
+        (:func:`plan.trial_s`) and, with ``overhead``, the run's overhead per trial. A whole
+        epoch's window lasts the epoch at ``rate``, not at the best so far's, for which the
+        trial's window is sized (its cap): a baseline of batches of 512 slow samples set the
+        best at 53 samples/s, every setting's epoch was timed at 44 s, 16 workers' predicted
+        878 samples/s too, and all were skipped with 9 s left (0.07 of the best, in the
+        simulator)."""
         window = self._window(config, phase)
+        if window.whole_epoch and rate > 0 and self.runner.epoch_samples:
+            window = dataclasses.replace(window, window_s=self.runner.epoch_samples / rate)
         own = plan.trial_s(config, window, rate, loader_bound=loader_bound)
         return own + overhead_s(self.ledger.trials) if overhead else own
 
