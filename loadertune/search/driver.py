@@ -33,7 +33,7 @@ from loadertune.search.limits import limits_for, overhead_s, short_epoch_s, typi
 from loadertune.search.opening import Opening
 from loadertune.search.outcome import Observer, SearchOutcome
 from loadertune.search.probe import Estimates, seed_configs
-from loadertune.search.settings import SearchSettings, default_storage
+from loadertune.search.settings import SearchSettings, storage_or_fallback
 from loadertune.search.space import SearchSpace
 from loadertune.search.stop import loader_keeps_up
 from loadertune.search.study import StudyLog, quiet_optuna
@@ -71,7 +71,7 @@ class Search:
         self.hw = hardware
         self.settings = settings
         self.observer = observer
-        self.storage = settings.storage or default_storage()
+        self.storage = settings.storage or storage_or_fallback(observer and observer.note)
         self.ledger = Ledger(memory_margin=settings.memory_margin, min_gain=settings.min_gain)
         self.agenda = Agenda(self.ledger)
         self.opening = Opening(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,7 +120,12 @@ class SearchSettings:
 
 
 def default_storage() -> str:
-    """SQLite in ``$LOADERTUNE_CACHE_DIR`` or the user's cache directory."""
+    """SQLite in ``$LOADERTUNE_CACHE_DIR`` or the user's cache directory.
+
+    Raises:
+        StorageUnavailable: that folder cannot be created (a read-only home, ``XDG_CACHE_HOME``
+            naming a file).
+    """
     env = os.environ.get("LOADERTUNE_CACHE_DIR")
     if env:
         root = Path(env)
@@ -126,5 +133,34 @@ def default_storage() -> str:
         import platformdirs
 
         root = Path(platformdirs.user_cache_dir("loadertune"))
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StorageUnavailable(root, exc) from exc
     return f"sqlite:///{root / 'studies.db'}"
+
+
+def storage_or_fallback(note: Callable[[str], None] | None) -> str:
+    """The default storage, or, where it cannot be had, a study in a temporary folder that no
+    later search resumes: the search goes on and saves its recommendation, and ``note`` says
+    how to choose a storage that lasts."""
+    try:
+        return default_storage()
+    except StorageUnavailable as exc:
+        folder = Path(tempfile.mkdtemp(prefix="loadertune-study-"))
+        if note is not None:
+            note(
+                f"cannot create the study cache {exc.root} ({exc.reason}); this search cannot "
+                "be resumed: choose a storage with --storage URL (storage= in code) or point "
+                "XDG_CACHE_HOME or LOADERTUNE_CACHE_DIR at a writable folder"
+            )
+        return f"sqlite:///{folder / 'studies.db'}"
+
+
+class StorageUnavailable(OSError):
+    """The study cache folder cannot be created."""
+
+    def __init__(self, root: Path, exc: OSError) -> None:
+        super().__init__(f"cannot create {root}: {exc}")
+        self.root = root
+        self.reason = f"{type(exc).__name__}: {exc.strerror or exc}"
