@@ -149,3 +149,34 @@ def test_accelerates_shard_of_a_batch_sampler_is_rebuilt_around_a_resized_one() 
     assert type(new) is shard_type and new.batch_size == 16 and new.process_index == 1
     assert [len(b) for b in new] == [16, 16]  # rank 1's half of 64 samples in batches of 16
     assert shard.batch_size == 8  # the original is untouched
+
+
+def test_call_sites_survive_a_loadertune_folder_in_the_working_directory(tmp_path) -> None:
+    """A folder named ``loadertune`` in the working directory (the study cache when
+    XDG_CACHE_HOME=$PWD) shadows an editable install as a namespace package, whose ``__file__``
+    is None: the call site read ``<unknown>:0`` there."""
+    import subprocess
+    import sys
+
+    (tmp_path / "loadertune").mkdir()
+    (tmp_path / "train.py").write_text(
+        "import torch\nfrom torch.utils.data import DataLoader\n\n"
+        "loader = DataLoader(torch.arange(8.0), batch_size=4)\n"
+    )
+    probe = textwrap.dedent(f"""
+        import runpy
+        from loadertune.trials.patch import patched
+
+        class Rec:
+            def on_create(self, record, arguments):
+                print("SITE", record.call_site)
+                return arguments
+
+        with patched(Rec()):
+            runpy.run_path({str(tmp_path / "train.py")!r}, run_name="__main__")
+    """)
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "SITE train.py:4" in proc.stdout, proc.stdout

@@ -11,7 +11,6 @@ from types import TracebackType
 
 import click
 
-import loadertune
 from loadertune import saved, tracebacks
 from loadertune.cli._common import (
     ScriptCommand,
@@ -115,8 +114,8 @@ def script_traceback(exc: BaseException, script: str) -> str | None:
     """``exc``'s traceback as `python SCRIPT` shows it: from the script's first frame on (the
     frames of click, loadertune and runpy above it left out), torch's and Python's marked as
     left out; None when no frame is the script's, or the exception was raised in loadertune's
-    own code (a bug of ours, under the script's loop: shown whole). A new user's `run` had
-    shown about 20 such frames above their own line."""
+    own code (a bug of ours, under the script's loop: shown whole). Without the cut, a
+    user's own line sits under a screenful of loadertune's and click's frames."""
     target = os.path.realpath(script)
     tb: TracebackType | None = exc.__traceback__
     while tb is not None and os.path.realpath(tb.tb_frame.f_code.co_filename) != target:
@@ -127,8 +126,11 @@ def script_traceback(exc: BaseException, script: str) -> str | None:
     return tracebacks.trim(text).text
 
 
+# From this file, not loadertune.__file__: see loadertune.trials.identity.PACKAGE_DIR.
+_PACKAGE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "")
+
+
 def _raised_in_loadertune(tb: TracebackType) -> bool:
     while tb.tb_next is not None:
         tb = tb.tb_next
-    ours = os.path.join(os.path.dirname(os.path.realpath(loadertune.__file__)), "")
-    return os.path.realpath(tb.tb_frame.f_code.co_filename).startswith(ours)
+    return os.path.realpath(tb.tb_frame.f_code.co_filename).startswith(_PACKAGE_DIR)

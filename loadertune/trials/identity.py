@@ -58,11 +58,13 @@ def _library_dirs() -> tuple[str, ...]:
     return tuple(os.path.join(os.path.realpath(d), "") for d in dirs if d)
 
 
-_LIBRARY_DIRS = _library_dirs()
-_LOADERTUNE_DIR = os.path.join(os.path.dirname(sys.modules["loadertune"].__file__ or ""), "")
-_SKIP_DIRS = tuple(
-    os.path.join(os.path.dirname(m.__file__ or ""), "")
-    for m in (sys.modules["torch"], sys.modules["loadertune"])
+# Where this package lies, from this file: ``loadertune.__file__`` is None where a folder named
+# ``loadertune`` in the working directory shadows an editable install as a namespace package.
+PACKAGE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "")
+_LIBRARY_DIRS = (*_library_dirs(), PACKAGE_DIR)
+_SKIP_DIRS = (
+    os.path.join(os.path.dirname(sys.modules["torch"].__file__ or "<none>"), ""),
+    PACKAGE_DIR,
 )
 
 
@@ -226,7 +228,7 @@ def describe_creation(
     origin: LoaderRecord | None = None
     while frame is not None:
         path = frame.f_code.co_filename
-        if user and path.startswith(_LOADERTUNE_DIR):
+        if user and path.startswith(PACKAGE_DIR):
             break  # what ran the script (a trial process, `loadertune run`): not the script's
         if path.startswith(_SKIP_DIRS) or _holds(frame, loader):
             frame = frame.f_back  # torch, loadertune, or an __init__ of the loader (a subclass's,
