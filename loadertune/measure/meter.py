@@ -76,9 +76,8 @@ def cycle_warmup(spec: WindowSpec, epoch_batches: int | None, left: int | None =
     epoch under way and then an epoch. ``left``: where the window begins, its epoch's batches
     yet to come (None: unknown, reckoned at half an epoch); 0 too where ``epoch_batches`` is
     unknown (the window cannot be placed). A persistent setting at an epoch's start has the
-    whole epoch left, and runs across its end in any epoch longer than the warm-up; waiting
-    was the rule in epochs under four warm-ups, which cost the example script's trials at
-    batch 128 with 3 workers an epoch each (14 batches, a warm-up of 4)."""
+    whole epoch left, and runs across its end in any epoch longer than the warm-up, which in
+    short epochs saves a trial a whole epoch of waiting."""
     if not epoch_batches:
         return 0
     warmup = max(2, spec.round_batches + 1)
@@ -105,19 +104,18 @@ class Meter:
         persistent: the loader's workers persist across epochs. Their first epoch is no epoch
             as training sees it (its first batch waits for their start, which they pay once):
             a whole-epoch window cannot open at its start either; the next epoch begins with
-            a re-entry, timed (``reentry_s``). Opened on the first, a 6-batch epoch whose first
-            wait held the making of most of its batches read 9,921 samples/s where the script
-            made 2,100.
+            a re-entry, timed (``reentry_s``). Opened on the first, a short epoch whose first
+            wait holds the making of most of its batches would read several times the rate
+            the script gets.
         epoch_batches: the batches of a whole epoch, where known: a whole-epoch window ends
             with the step on the last of them, for a loop that stops by count (Lightning asks
             exactly ``len(loader)`` batches, and its last epoch is followed by no other). A
             whole-epoch window that cannot open at an epoch's start (``mid_epoch``,
             ``persistent``) then warms up (:func:`cycle_warmup`) and holds that many batches
             across the epoch's end, so that every part of an epoch (the next one's start-up,
-            its first round, this one's tail) is in it once, as in a whole epoch; it used to
-            warm up to the epoch's end and measure the next, up to twice an epoch's time per
-            trial. Unknown, or where the rest of the epoch under way is shorter than the
-            warm-up (:func:`cycle_warmup`): it waits for the next epoch.
+            its first round, this one's tail) is in it once, as in a whole epoch, without
+            costing a trial a second epoch. Unknown, or where the rest of the epoch under way
+            is shorter than the warm-up (:func:`cycle_warmup`): it waits for the next epoch.
         epoch_left: the batches of the epoch under way yet to come where the meter begins
             mid-epoch, where known (None: unknown).
     """
@@ -554,13 +552,10 @@ class Meter:
         """The loop spent ``seconds`` on a whole pass of another loader (a validation inside
         the training epoch) and asked none of this meter's batches meanwhile (``since``: the
         :meth:`place` at the pass's start): that time is left out of the window, as a rest
-        between two epochs is. A validation 4 times an epoch took more time than the training's
-        loading in a new user's Lightning script; inside the windows it made sub-window rates
-        spread by 100-170%, and decided which setting won. A whole epoch's window leaves it out
-        too: it had kept it (each setting's epochs hold the same validations), and a new user's
-        search, whose opening measured windows without it, then read every whole-epoch trial
-        at half the opening's rate and pruned each one. Such a window ends at its epoch's end,
-        by StopIteration or by count (:meth:`_epoch_ended`)."""
+        between two epochs is. Kept in, a validation pass inside a window spreads its
+        sub-window rates widely and can decide which setting wins. A whole epoch's window
+        leaves it out too, so that its rate compares with windows that held none. Such a
+        window ends at its epoch's end, by StopIteration or by count (:meth:`_epoch_ended`)."""
         if (
             self._phase == _WINDOW
             and self._paused_at is None  # (a rest between epochs is left out at the next one)

@@ -168,8 +168,8 @@ def utilization_within(nvml_index: int, start_us: int, end_us: int) -> list[int]
     A sample is the busy percent over the period since the sample before it, so the first one
     after the window's start covers time before it (a trial's start-up, the GPU idle): it is
     kept only when the sample before it is inside the window too. A window shorter than a
-    period keeps none, which is no reading rather than a wrong one (a script's 0.15-s epoch on
-    an H200, its GPU step the bottleneck, read 0% busy from the one sample that straddled it).
+    period keeps none, which is no reading rather than a wrong one (the one sample straddling
+    a short, GPU-bound window can read 0% busy).
     """
     samples = utilization_samples(nvml_index, start_us - SAMPLE_PERIOD_MAX_US)
     if samples is None:

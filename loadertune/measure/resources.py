@@ -3,16 +3,16 @@
 A :class:`ResourceSampler` runs in the supervising process (a thread beside an in-process trial,
 or the parent of a script trial). It watches ``root_pid`` and all its descendants (the DataLoader
 workers; under torch's launcher, the ranks too: they are main processes, not workers, once named
-in :attr:`ResourceSampler.main_pids`). Reading PSS costs about 4 ms of CPU per process, in this
-process, where an in-process trial's loop runs: at 108 workers a read of every one took 0.4 s of
-CPU on 2 CPUs, at the window's start, and again every quarter second while the RSS sum (which
-counts shared pages once per process: 19 GiB against 1.4 GiB of PSS) stood above the memory
-budget; 108-worker trials measured 0.63 of a bare loop (``python scripts/bench_meter_cost.py``).
-So the window's ends read the main processes and :data:`SAMPLED_WORKERS` workers (the workers of
-a loader are alike; totals are scaled to the count), and a breach the RSS suggests is confirmed
-by a read of every process only once the RSS has grown, since the last such read, by more than
-the room that read left below the budget. GPU utilization comes from NVML's own
-sample buffer over the window, with polling as a fallback for devices that cannot report it.
+in :attr:`ResourceSampler.main_pids`). Reading PSS costs milliseconds of CPU per process, in
+this process, where an in-process trial's loop runs; with a hundred workers, reading every one at
+the window's start, and again every quarter second while the RSS sum (which counts shared pages
+once per process, many times the PSS) stands above the memory budget, slows the measured loop
+markedly (``python scripts/bench_meter_cost.py``). So the window's ends read the main processes
+and :data:`SAMPLED_WORKERS` workers (the workers of a loader are alike; totals are scaled to the
+count), and a breach the RSS suggests is confirmed by a read of every process only once the RSS
+has grown, since the last such read, by more than the room that read left below the budget. GPU
+utilization comes from NVML's own sample buffer over the window, with polling as a fallback for
+devices that cannot report it.
 """
 
 from __future__ import annotations
@@ -295,7 +295,7 @@ class ResourceSampler:
         the start snapshot came less than half of it before now: they would describe a moment,
         not the window. That happens when the window's start is heard late, as in a script
         without an optimizer, whose loader is known (and its events sent) only once its window
-        is full: a 0.3-s window's workers then read 0% busy."""
+        is full: a short window's workers would then read 0% busy."""
         self._window_open = False
         end_unix_us = int(time.time() * 1e6)
         end, procs, found = self._snapshot()
@@ -304,7 +304,7 @@ class ResourceSampler:
         u = self.usage
         workers = [p.pid for p in found if p.pid in end.cpu]
         # A whole epoch's non-persistent workers are shut down as it ends, before this
-        # snapshot: the workers are then those of the start (2 workers read "+ 0%" before).
+        # snapshot: the workers are then those of the start (else they would count as none).
         gone = [] if start is None else sorted((start.workers & start.cpu.keys()) - end.cpu.keys())
         u.n_workers = len(workers) or len(gone)
         if start is not None and end.wall - start.wall > 0.5 * (window_s or 0.0):

@@ -113,8 +113,8 @@ class Measurement:
     def blocked_busy_fraction(self) -> float | None:
         """The share of the time inside ``next()`` that loading ran or waited for a CPU (None:
         not measured). Low: it waited on I/O. The CPU time alone reads low too when other
-        processes hold the CPUs (half a CPU on a busy 2-CPU machine made computing loading
-        look like loading that waits, and the search tried 8 workers on 2 CPUs)."""
+        processes hold the CPUs, making loading that computes look like loading that waits:
+        the run-queue wait counts as busy here."""
         if self.blocked_cpu_fraction is None:
             return None
         return min(1.0, self.blocked_cpu_fraction + (self.blocked_wait_fraction or 0.0))
@@ -122,8 +122,8 @@ class Measurement:
     @property
     def spread(self) -> float | None:
         """Relative spread of the sub-window rates: (max - min) / median; None with fewer than
-        two sub-windows (unknown, not 0: a new user read one sub-window's "spread 0%" as a
-        precise figure)."""
+        two sub-windows (unknown, not 0: one sub-window's "spread 0%" would read as a precise
+        figure)."""
         rates = [r for r in self.sub_window_samples_per_s if r > 0]
         if len(rates) < 2:
             return None
