@@ -367,9 +367,9 @@ def end_epoch_now(iterator: object | None) -> None:
 
     A persistent-workers loader's next ``iter()`` waits for every batch its workers still have
     queued (torch's resume throws them away): timed mid-epoch, that wait is no start-up of a
-    new epoch, which a natural end leaves with none in flight. On a workload of 27-MB batches,
-    each a quarter of a second of waiting, 30 workers at prefetch 4 read a second or more of
-    start-up per epoch that way. Not a DataLoader iterator of this torch: nothing is done."""
+    new epoch, which a natural end leaves with none in flight. With large batches and many
+    workers at a high prefetch it would add seconds to every epoch's measured start-up. Not a
+    DataLoader iterator of this torch: nothing is done."""
     if iterator is None or take_rest(iterator) is None:
         return
     for _ in iterator:  # type: ignore[attr-defined]

@@ -97,8 +97,8 @@ class SavedEntry:
         if same:  # the code decides, wherever its lines are now
             return None
         # Other code of the framework's (a Trainer's evaluation loader, built at the line of its
-        # training loader) is another loader, not an edit: it had been told its code "reads
-        # otherwise now than when it was measured". The framework's functions alone compared:
+        # training loader) is another loader, not an edit, so "reads otherwise" is said only
+        # where the framework's functions are the same:
         if (
             same is False
             and same_key(record.identity, self.key, user_frames=0)
@@ -106,8 +106,8 @@ class SavedEntry:
         ):
             return "its code reads otherwise now than when it was measured"
         # At other lines, reading otherwise: another call of the same helper (a validation
-        # loader made by the training loader's function had been told its code "reads otherwise
-        # now"), or an edit that moved and changed the line: which lines, is what is known.
+        # loader made by the training loader's function is not an edit of it), or an edit that
+        # moved and changed the line: which lines, is what is known.
         if not same_key(record.identity, self.key, user_frames=2):
             pairs = zip(record.identity, self.key, strict=False)
             mine, theirs = next(((a, b) for a, b in pairs if a != b), ("another way", "another"))
@@ -135,8 +135,8 @@ def _at_own_batch_size(entry: dict[str, Any]) -> dict[str, Any] | None:
     """The settings to apply in place of the entry's winner, or None: the best at the user's
     own batch size where the winner uses another and did not clearly beat the user's settings.
     A batch size changes the training (the learning rate goes with it), not only its speed,
-    and within the noise nothing says it is faster: a new user's run trained at batch 16, not
-    its own 32, on one short window's figure. Settings the search did not measure are a hand
+    and within the noise nothing says it is faster, so one short window's figure must not
+    change the batch size a run trains at. Settings the search did not measure are a hand
     edit of the file, applied as they are."""
     at_bs = entry.get("best_at_batch_size")
     kwargs = at_bs.get("loader_kwargs") if isinstance(at_bs, dict) else None
@@ -240,9 +240,8 @@ class ApplySaved:
             and entry.applied[0].origin is None
             and entry.loader_kwargs.get("persistent_workers")
         ):
-            # A loader made again (each epoch): its persistent workers end with it. The search
-            # saw no second epoch to know (a new user's short search saved them for a loader
-            # its script built in a function every epoch).
+            # A loader made again (each epoch): its persistent workers end with it. A short
+            # search may see no second epoch, and so save them for such a loader.
             self.report(
                 f"loadertune: DataLoader {record.describe()} is created again, so "
                 "persistent_workers keeps no workers from one to the next: each starts its own "

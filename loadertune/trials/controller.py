@@ -441,8 +441,8 @@ class TrialController:
         """The script's exception came after its loop over the tuned loader: that loader's last
         epoch ran to its end, no other began, and no loader's ``next()`` raised. Code after the
         training (a checkpoint's upload, an evaluation, a final ``raise``) runs once a run is
-        over; a trial process seldom gets there, and when it does its figures stand: a script
-        that raised there had ended a search and lost every trial of it."""
+        over; a trial process seldom gets there, and when it does its figures stand rather
+        than the script's error ending the search and losing every trial of it."""
         return (
             self.target is not None
             and self.failed_loader() is None

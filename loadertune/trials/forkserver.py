@@ -2,7 +2,7 @@
 fork of them per launch.
 
 A fresh ``python -m loadertune.trials.child`` spends its first seconds starting the interpreter
-and importing torch (1.4 s alone on the 2-CPU machine of the benchmarks), before the script's own
+and importing torch (over a second on a small machine), before the script's own
 line runs; a search starts a launch at every failure, every time the script runs out of epochs,
 and for every setting of a loader that cannot change setting mid-epoch. The server is started
 once (``python -m loadertune.trials.forkserver``, in a session of its own, dying with the search:

@@ -4,9 +4,9 @@ A worker started by ``fork`` inherits the dataset as it is, open file descriptor
 worker then reads through the same open file (one offset: a ``seek`` then a ``read`` in one
 worker interleaves with another's) or talks over the same connection (an ``sqlite3`` connection,
 a socket). The reads return wrong records, often without any error. With ``num_workers=0`` the
-same dataset is right, so a tuner that adds workers makes a correct training wrong: a new user's
-``run --tune`` fed 9 to 425 corrupt records an epoch (of 8,000) into the training of a dataset
-that opened an ``sqlite3`` connection and a binary file in ``__init__``. Workers started by
+same dataset is right, so a tuner that adds workers makes a correct training wrong (a dataset
+that opens an ``sqlite3`` connection or a binary file in ``__init__`` feeds corrupt records into
+every epoch). Workers started by
 ``spawn`` or ``forkserver`` receive the dataset pickled, which such handles refuse (a
 ``pickle_error``, which the search handles), so only ``fork`` is checked.
 

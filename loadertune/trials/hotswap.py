@@ -184,11 +184,10 @@ class HotSwap:
         keep_length: an epoch gives at most ``len(loader)`` batches once anything has asked it
             (a trial process; see the module docstring); False: every sample of every epoch.
         drain: before the next step starts, hand over the batches the workers of the setting in
-            use have in flight (a real training run: they are loading work done already; on the
-            example script, epochs during a tuning took 2.3-2.5 s with them thrown away and
-            1.8-2.0 s with them kept, 1.7 s untuned); False: drop them, the next setting
-            fetches them again (a trial process, where the steps on them would only delay the
-            next window).
+            use have in flight (a real training run: they are loading work done already, and
+            throwing them away slows the tuned epochs noticeably); False: drop them, the next
+            setting fetches them again (a trial process, where the steps on them would only
+            delay the next window).
     """
 
     def __init__(
@@ -514,11 +513,11 @@ class HotSwap:
         """Whether the batch ``run``'s measured setting raised for (the dataset's or
         ``collate_fn``'s error) raises with the last good setting too: a bad record, which no
         setting loads. Its error then goes to the script, which may skip the batch and go on
-        (torch's iterator goes on), and so does the measured step: the search had stopped at
-        the first bad record. Otherwise the setting caused it (a dataset whose state does not
-        survive the workers' start), and it fails; :meth:`_failed` says so. The check loads
-        that one batch once more, at the script's position; its time is left out of the
-        window."""
+        (torch's iterator goes on), and so does the measured step, rather than the search
+        stopping at the first bad record. Otherwise the setting caused it (a dataset whose
+        state does not survive the workers' start), and it fails; :meth:`_failed` says so. The
+        check loads that one batch once more, at the script's position; its time is left out
+        of the window."""
         if run.step.phase == "replay" or not run.segment.ends_batch(exc) or self.good is None:
             return False
         meter = run.meter

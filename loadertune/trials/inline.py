@@ -297,9 +297,9 @@ class InlineRunner(BaseRunner):
         # Every iterator that could run torch's shutdown later from __del__: the meter's, a
         # persistent loader's, and any the failure's traceback holds (an epoch that failed
         # while starting). Their pin-memory threads stop first, as in torch's own shutdown
-        # (one receiving a batch from a worker being killed raises in its thread: an H200's
-        # searches printed a traceback per pinned trial), then the workers are killed (joining
-        # dead ones is immediate), then the iterators shut down.
+        # (one receiving a batch from a worker being killed raises in its thread and prints a
+        # traceback), then the workers are killed (joining dead ones is immediate), then the
+        # iterators shut down.
         iterators = _internals.iterators_in(error)
         if held.meter is not None:
             iterators.append(held.meter.iterator)

@@ -7,23 +7,21 @@ sharing strategy) unlinks it at once, passing the open descriptor on. A worker S
 the create and the unlink leaves the file behind, a whole batch in size, for good: no process
 knows its name any more. Trials kill busy workers as a matter of course (a script's launch ends
 with its process group SIGKILLed; a hung or over-budget in-process trial has its workers
-killed), and did leave such files: ``python scripts/bench_shm_leftovers.py`` killed a loader of
-16-MB batches 15 times with one ``killpg`` and found 9 files, 144 MB, after 8 of the kills; 15
-times with :func:`~loadertune.trials.processes.kill_group`, which removes them, none. On a
-container's 64-MB ``/dev/shm`` a few searches would fill it, and every DataLoader with workers
-would then fail.
+killed), so such files are left often (``python scripts/bench_shm_leftovers.py`` counts them
+after a plain ``killpg`` and after :func:`~loadertune.trials.processes.kill_group`, which removes
+them). On a container's 64-MB ``/dev/shm`` a few searches would fill it, and every DataLoader
+with workers would then fail.
 
 A worker also hands the descriptor over through a listening socket of its own (multiprocessing's
 resource sharer), made on its first batch in a temporary folder, ``/tmp/pymp-…``, which the
-worker removes when it ends normally. A killed worker left it: 31,766 of them sat in this
-machine's ``/tmp`` after a day of tests and benchmarks, one per killed worker. So a trial's
-process and each of its workers make that folder inside one named after themselves
-(:func:`own_temp_dir`, ``/tmp/loadertune-mp-<pid>-…``), and it goes with their shared memory.
+worker removes when it ends normally. A killed worker leaves it, one folder per killed worker,
+and ``/tmp`` fills with them. So a trial's process and each of its workers make that folder
+inside one named after themselves (:func:`own_temp_dir`, ``/tmp/loadertune-mp-<pid>-…``), and it
+goes with their shared memory.
 
 Nobody is left to remove them when the search itself is SIGKILLed (an OOM killer, a CI job's
 timeout): its trial processes and workers die with it (:mod:`loadertune.trials.lifeline`), and
-their folders stayed, with the search's own log folder: 13 after one run of
-``tests/test_cli.py`` (its tests kill the CLI seven times). :func:`sweep` removes those the next
+their folders stay, with the search's own log folder. :func:`sweep` removes those the next
 search or run finds, by the same rule: named after a process that is gone.
 
 Only what is named after processes a trial started and killed is removed, and only once those

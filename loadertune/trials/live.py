@@ -313,9 +313,10 @@ class LiveRunner(BaseRunner):
 
     def when_idle(self, work: Callable[[], None]) -> None:
         """Put ``work`` off until the training is over (:meth:`idle`; at the interpreter's
-        exit, where nothing calls it). Writing the study (an SQLite set-up, then a copy) took
-        about 0.4 s of CPU, and the training's epoch 0.6-1.2 s more: this thread holds the
-        GIL in pure Python while the training thread wants it back after every operator."""
+        exit, where nothing calls it). Writing the study (an SQLite set-up, then a copy) costs
+        a fraction of a second of CPU and slows the training's epoch by more: this thread holds
+        the GIL in pure Python while the training thread wants it back after every
+        operator."""
         with self._after_lock:
             if not self._ended.is_set():
                 self._after.append(work)

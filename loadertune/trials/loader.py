@@ -32,9 +32,10 @@ class _QuietCheck:
     """``DataLoader.check_worker_number_rationality``, skipped while :data:`_QUIET` is set (the
     check, not a warnings filter: ``warnings.catch_warnings`` is not thread-safe, and each use
     resets the "once per place" memory of every warning, so torch's warning about the script's
-    own loaders came at every epoch of a tuned run instead of once). A descriptor, not a
+    own loaders would come at every epoch of a tuned run instead of once). A descriptor, not a
     function around the check: torch's warning then names the place it names without
-    loadertune (a wrapper's frame had made it name this module for the user's own loaders)."""
+    loadertune (a wrapper's frame would make it name this module for the user's own
+    loaders)."""
 
     def __init__(self, check: Callable[..., None]) -> None:
         self.check = check
@@ -470,8 +471,8 @@ def reset_cuda_peaks() -> None:
 
     The allocator's cache goes back to the driver first: a peak of *reserved* memory starts from
     what is reserved now, and what an earlier trial's larger batch left cached would otherwise
-    be this trial's peak (on an H100, every trial after a grid's largest batch read the same
-    22,674 MiB, and the fitted memory line had no slope)."""
+    be this trial's peak (every trial after a grid's largest batch would read the same peak,
+    and the fitted memory line would have no slope)."""
     if torch.cuda.is_initialized():
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()

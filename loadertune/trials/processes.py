@@ -62,13 +62,13 @@ def kill_group(pgid: int, grace_s: float = 3.0) -> int:
     multiprocessing's resource tracker (started by a ``spawn`` or ``forkserver`` context: the
     named semaphores of the loader's queues, ``/dev/shm/sem.mp-*``, are shared by name and
     unlinked only by it) is killed last: once every other process is dead it unlinks what they
-    left and ends by itself. Killed with them, it left 14 semaphores per killed trial of a
-    spawn-context loader of 2 workers (``tests/test_leftovers.py``), 60 in one search.
+    left and ends by itself. Killed with them, it leaves every killed trial's semaphores
+    behind for good (``tests/test_leftovers.py`` checks none is left).
 
     The group's leader is one of them even when it is gone: a trial process that ended by
     itself (its script ran out of epochs) is reaped at once (by the fork server, or a ``poll``)
     and no longer listed in its group, and a folder named after it that its own exit did not
-    empty (its workers' sockets are made there too) was left in ``/tmp``."""
+    empty (its workers' sockets are made there too) would be left in ``/tmp``."""
     members = set(group_members(pgid)) | {pgid}
     helpers = {pid for pid in members if _helper(pid)}
     if helpers:

@@ -58,10 +58,10 @@ class Limits:
         """The ``timeout`` a trial's DataLoader gets (a hung worker becomes an error in
         ``next()``): it bounds every wait for a batch, the first of an epoch included, which
         waits for the workers to start. Under ``spawn`` or ``forkserver`` (Python 3.14's
-        default) each worker imports torch and the script again: eight took 4.3 s to their
-        first batch on an idle 2-CPU machine, and a search's ``hang_s`` of 5 s failed them as
-        hung. So it is the start-up limit where that is the longer; a hang after the first
-        batch is still caught at ``hang_s`` by the supervisor where one watches the trial."""
+        default) each worker imports torch and the script again, which can take several
+        seconds on a small machine, longer than ``hang_s``. So it is the start-up limit where
+        that is the longer; a hang after the first batch is still caught at ``hang_s`` by the
+        supervisor where one watches the trial."""
         return max(self.hang_s, self.startup_s)
 
 
@@ -272,8 +272,8 @@ def cut(result: TrialResult) -> TrialResult:
 
 def empty_window(result: TrialResult) -> TrialResult:
     """``result``, failed when its window received no sample: a rate of 0 is no measurement
-    (a new-user trial of a script behind a thread prefetcher recorded one as "ok", 27 workers
-    at 0 samples/s, and the search took it for the slowest setting of all)."""
+    (a script behind a thread prefetcher can leave a window empty), and recorded as "ok" the
+    search would take it for the slowest setting of all."""
     m = result.measurement
     if result.failure is None and m is not None and not m.samples_per_s > 0:
         result.failure = Failure(
@@ -359,18 +359,15 @@ def window_for(
 
     A trial's workers start afresh, so its buffer starts empty: at most the first round is
     ahead of the loop (the workers made it side by side while the loop waited for its first
-    batch). Draining every batch in flight (``workers x prefetch_factor``) cost a compute-bound
-    trial up to 25 steps and measured no truer: ``python scripts/bench_warmup.py`` (2 workers,
-    prefetch 8, steps of 8, 18 and 40 ms around a 16 ms loader) gave medians within 5% of a
-    window after 120 batches either way, inside the rounds' spread. Shorter is biased: with 3
-    workers on 2 CPUs and a step that computes (``--workers 3 --busy --rounds 5``), a warm-up of
-    one batch measured 0.86, 0.86 and 0.95 of the reference (the first round, made while every
-    worker started at once, is slow); one round measured 0.96 to 1.03.
+    batch). Draining every batch in flight (``workers x prefetch_factor``) costs a
+    compute-bound trial many steps and measures no truer. Shorter is biased low: the first
+    round, made while every worker starts at once, is slow. ``python scripts/bench_warmup.py``
+    compares these warm-ups against a long one.
 
     Without workers (loading in the loop's own process) there is no buffer to drain: one batch
     of warm-up after the first (``min_warmup`` None: 1 without workers, 2 with), in the trial
-    process as in the search's plan (the search planned one, the trial process ran two: in the
-    simulator a baseline of 256 samples of 25 ms each took 54 s of a 60-s budget, now 39 s).
+    process as in the search's plan, so that a slow baseline's trial takes the time the
+    search budgeted for it.
 
     ``whole_epoch``: the window is an epoch, start to end, expected to take ``window_s``
     (:class:`~loadertune.measure.window.WindowSpec`)."""

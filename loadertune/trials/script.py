@@ -65,9 +65,8 @@ __all__ = ["ScriptRunner", "check_script", "kill_group"]
 def _enough_without_workers(config: Config | None, window: WindowSpec, m: Measurement) -> bool:
     """A window the script's end cut short still measures a setting without workers when it
     held its minimum of batches and half its time: no buffer was ahead of the loop to drain in a
-    burst. A replay of a tiny step ran out a script's 200 epochs of 30 batches in a 0.3 s
-    window, in every launch it was given (``tests/scripts/one_cycle.py``): measured again and
-    again, it cost two launches for a figure of 6,000 batches."""
+    burst. A script whose whole run is shorter than a window (a replay of a tiny step,
+    ``tests/scripts/one_cycle.py``) would otherwise be measured again in every launch."""
     return (
         config is not None
         and config.num_workers == 0
@@ -260,9 +259,9 @@ class ScriptRunner(BaseRunner):
 
     def start_server(self) -> None:
         """Start the fork server now, rather than at the first trial: its imports (torch, the
-        script's packages: about 2.7 s for the image example) then run while the search sets
-        up (the study, its storage), on the other CPU. Nothing without ``fork_server``; the
-        runner's :meth:`close` stops it."""
+        script's packages: a few seconds) then run while the search sets up (the study, its
+        storage), on another CPU. Nothing without ``fork_server``; the runner's
+        :meth:`close` stops it."""
         server = self._server
         if self.fork_server and (server is None or (not server.alive and server.preload)):
             # A server that could not fork after importing the script's packages (a thread, or

@@ -196,8 +196,8 @@ class _Remaining:
 class _Delivered:
     """A segment's epoch as the script receives it. An iterator, not a generator: an exception
     from one batch passes through, and the epoch goes on at the next ``next()``, as it does with
-    torch's own iterator (a generator that raised is finished: a script that caught a bad
-    record's error and went on had lost the rest of every epoch)."""
+    torch's own iterator (a generator that raised is finished: a script that catches a bad
+    record's error and goes on would lose the rest of the epoch)."""
 
     __slots__ = ("_it", "_order", "_segment")
 

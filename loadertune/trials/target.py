@@ -7,11 +7,11 @@ step hook, so every optimizer of every framework) is fed by the loader that yiel
 batch before it, or, when several yielded since the step before (a loop over ``zip(main,
 aux)``), by the one the loop waited on most: of those, the one whose ``next()`` calls took at
 least :data:`WAIT_DECIDES` times as long as each other's so far, the training's time the
-settings can win back (a ``zip`` of an image dataset with a larger in-memory one tuned the
-in-memory one, by its longer epoch); where no wait stands out, the one with the most samples
-per epoch (``itertools.cycle(aux)`` repeats a short one). The first loader to feed two steps is
-the training loader. Lightning's sanity check iterates the validation loader first, and
-evaluation loops iterate other loaders between epochs: none of them is stepped on.
+settings can win back (by epoch length alone, a ``zip`` of an image dataset with a larger
+in-memory one would tune the in-memory one); where no wait stands out, the one with the most
+samples per epoch (``itertools.cycle(aux)`` repeats a short one). The first loader to feed two
+steps is the training loader. Lightning's sanity check iterates the validation loader first,
+and evaluation loops iterate other loaders between epochs: none of them is stepped on.
 
 A loop without an optimizer (inference, a loader benchmarked alone) has no step: there the loader
 whose measured window fills first is the one, as long as no optimizer exists at all (an optimizer
@@ -127,7 +127,7 @@ class FeedWatch:
 def optimizer_exists() -> bool:
     """Whether any torch optimizer exists in this process (once, when it matters: a scan of the
     garbage collector's objects). Quietly: ``isinstance`` on some objects warns
-    (``torch.distributed.reduce_op``'s FutureWarning), and that had reached a user's output
+    (``torch.distributed.reduce_op``'s FutureWarning), which would reach the user's output
     from loadertune's own line."""
     from torch.optim import Optimizer
 
