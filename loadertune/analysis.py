@@ -26,15 +26,13 @@ if TYPE_CHECKING:
     from loadertune.search import SearchOutcome
 
 # A worker's private memory rising faster than this (median over the winner's trials) is copy-on-
-# read. A worker's first batches grow it too: `python scripts/bench_copy_on_read.py` read 5-10
-# MiB/s (trials up to 26) for a TensorDataset and a dataset that holds one int, 264-418 for 2
-# million dicts. At 4 MiB/s, the first two had been told to keep their samples in numpy arrays.
+# read. A worker's first batches grow it too, by a few MiB/s on datasets that do not copy
+# (`python scripts/bench_copy_on_read.py`), so the threshold sits well above that.
 COPY_ON_READ_BYTES_PER_S = 64 * MIB
 
 
 # Other processes' share of the CPUs, median over the trials, from which a search warns that
-# its figures moved with their load. A new user's search beside a test run on the 2-CPU machine
-# said "10.29x, clearly faster" where a plain loop timed 1.25x.
+# its figures moved with their load: on a shared machine the ratios can be off by several times.
 BUSY_MACHINE_PERCENT = 20.0
 
 
@@ -293,8 +291,8 @@ def _advise_oversubscribed(
 ) -> str | None:
     if outcome.winner.num_workers <= hw.usable_cpus:
         return None
-    # The cause only where the probe saw it: a new user's pure-CPU loading (FFT features),
-    # measured while other processes held the CPUs, was told its "workers wait".
+    # The cause only where the probe saw it: CPU-bound loading measured while other processes
+    # hold the CPUs can look like waiting, and must not be told it waits on I/O.
     est = outcome.estimates
     why = " because the loading waits on I/O" if est is not None and est.io_bound else ""
     return (
@@ -364,10 +362,8 @@ def clearly_better(outcome: SearchOutcome, hw: Hardware) -> bool:
     window is not "clearly faster".
 
     While other processes kept the machine busy (:data:`BUSY_MACHINE_PERCENT`), only
-    rounds may say so: the sub-windows of one window share its moment's load. A new user's
-    script, measured while others used a whole CPU of two, read "3.90x, clearly faster" from
-    one baseline window (spread 100%) whose round the deadline skipped; on a quiet machine its
-    own setting was 1.8 times as fast as the winner."""
+    rounds may say so: the sub-windows of one window share its moment's load, so they can
+    agree with each other and still be far from the setting's rate on a quiet machine."""
     winner, base = outcome.winner, outcome.baseline
     busy = (others_cpu_percent(outcome, hw) or 0.0) >= BUSY_MACHINE_PERCENT
     conf = outcome.confirmation
@@ -385,9 +381,8 @@ def unconfirmed(outcome: SearchOutcome) -> bool:
     but the deadline came before the baseline's turn, or no final rounds measured the winner
     and one of the two has fewer than two sub-window rates in this run (a short epoch measured
     whole, once), so :func:`clearly_better` had nothing to test. "Within the noise" would then
-    be a claim no figure supports: on an H200, a 45-s search of the image example, whose
-    5 trials took 40 s, left no time for rounds, and a winner at 13 times the baseline's rate
-    per epoch, measured in one window, was called within the noise."""
+    be a claim no figure supports (a short budget can leave no time for rounds even when the
+    winner measured many times the baseline's rate)."""
     winner, base = outcome.winner, outcome.baseline
     conf = outcome.confirmation
     if winner == base:

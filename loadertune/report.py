@@ -64,8 +64,8 @@ def trial_line(result: TrialResult) -> str:
         what = f"{_rate(result.samples_per_s)} samples/s"
         epoch = result.epoch_samples_per_s
         if epoch and result.samples_per_s and abs(epoch / result.samples_per_s - 1) > 0.1:
-            # what the search ranks by: each epoch's start-up counted (a new user's live run
-            # read 7,006 and 1,257 samples/s for two settings it ranked 1,142 and 1,257)
+            # what the search ranks by: each epoch's start-up counted, which can reorder
+            # settings whose window rates alone would rank otherwise
             what += f" ({_rate(epoch)} per epoch)"
         if m is not None:
             what += f"  blocked {_pct(m.blocked_fraction)}  spread {_pct(m.spread)}"
@@ -247,9 +247,8 @@ def _ceiling_refuted(entry: Mapping[str, Any], ceiling: float) -> str:
     """What the summary adds when a trial of the search measured far above the estimated
     ceiling that the winner's median stays under: the estimate bounds nothing then. The best of
     several noisy trials reads above a true ceiling by more than a median does, so the bar is
-    the search's own (:data:`CEILING_REFUTED` times it). A search on a machine that other
-    processes kept half busy estimated 63 samples/s, read 578 in a trial, and said the
-    winner "reaches 81% of it"."""
+    the search's own (:data:`CEILING_REFUTED` times it). On a busy machine the probe's
+    estimate can be far too low, and "reaches N% of it" would then mislead."""
     best = (entry.get("search") or {}).get("best_explored_samples_per_s")
     if not isinstance(best, (int, float)) or best <= CEILING_REFUTED * ceiling:
         return ""
@@ -283,7 +282,7 @@ def _stop_words(entry: Mapping[str, Any]) -> str:
     if reason == "budget":
         rounds = [t for t in entry.get("trials") or [] if t.get("phase") == "confirm"]
         if not any(t.get("status") == "ok" for t in rounds):
-            # (no final round ran, or none ran to its end: a new user read of rounds that
+            # (no final round ran, or none ran to its end: do not speak of rounds that
             # never ran)
             return "the budget ran out before any final round measured the finalists"
     if reason != "at_ceiling":
@@ -345,9 +344,9 @@ BETWEEN_EPOCHS_SHARE = 0.05
 def _end_to_end(entry: Mapping[str, Any]) -> str | None:
     """The speed-up on the run's own time per epoch, in words: each epoch's time at its epoch
     rate plus the time the loop spends between epochs (validation, logging), which no loader
-    setting changes. A new user's script with a validation after each short epoch was claimed
-    9.24x per epoch and ran about 4.2x faster end to end. None where that time is unknown or
-    small beside the winner's epoch, or where it hardly moves the figure."""
+    setting changes, so a script with a long validation after each short epoch gains far less
+    end to end than per epoch. None where that time is unknown or small beside the winner's
+    epoch, or where it hardly moves the figure."""
     n, rest = entry.get("epoch_samples"), entry.get("between_epochs_s")
     win = (entry.get("winner") or {}).get("epoch_samples_per_s")
     base = (entry.get("baseline") or {}).get("epoch_samples_per_s")
@@ -395,9 +394,9 @@ def summary_lines(rec: Recommendation | Mapping[str, Any]) -> list[str]:
         elif speedup < 1:
             # It led over the whole search (the rounds and the exploration's figures pooled),
             # not in the rounds alone. The pooled figures rank the two better than the rounds:
-            # in simulated searches such a winner was mostly the faster of the two, and keeping
-            # the baseline would have put more picks below 0.95 of the best (README, "Within
-            # the noise, the winner is saved").
+            # in simulated searches such a winner is mostly the faster of the two, and keeping
+            # the baseline puts more picks below 0.95 of the best (README, "Within the noise,
+            # the winner is saved").
             verdict = (
                 "within the noise of your settings: behind them side by side, ahead over the "
                 "whole search, which holds more figures; the winner is saved"
@@ -457,8 +456,8 @@ def summary_lines(rec: Recommendation | Mapping[str, Any]) -> list[str]:
         and at_bs_kwargs["batch_size"] != kwargs["batch_size"]
     ):
         at_rate = (at_bs or {}).get("samples_per_s")
-        # your own settings, where nothing else at your batch size beat them (it had read as
-        # a setting found, "best at your batch size: bs=64 w=0", for the baseline itself)
+        # your own settings, where nothing else at your batch size beat them: say so, or the
+        # baseline itself reads as a setting the search found
         own = " (your own settings)" if at_bs_kwargs == _baseline_kwargs(entry) else ""
         lines.append(
             f"best at your batch size: {Config.from_kwargs(at_bs_kwargs).label()}{own} "
@@ -540,7 +539,7 @@ def _at_batch_size_note(
         t.get("phase") == "confirm" and t.get("params") == dict(kwargs)
         for t in entry.get("trials") or []
     )
-    if confirmed:  # (it had read "it lost to the winner side by side", where it led there)
+    if confirmed:  # it led side by side; the winner leads only over the pooled figures
         return (
             " side by side in the final rounds, ahead of the winner there; the winner leads "
             "over the whole search, which holds more figures"

@@ -4,10 +4,9 @@ start of a loader's workers.
 A worker start is a ``fork()``, and Python runs the at-fork callbacks of the modules loaded
 (``logging``'s, which takes its lock before the fork and frees it after) where an exception
 cannot leave: a Ctrl-C that lands in one is printed as "Exception ignored" and lost. Lost in
-logging's, it also left logging's lock held by the main thread, and the tuner's thread, at its
-next Optuna call, waited for it for ever: ``run --tune`` neither stopped nor tuned (1 run in 6
-of a stress test that sent Ctrl-C at random times). Held, the signal waits for the block's end,
-then the handler that was in place runs as it would have.
+logging's, it also leaves logging's lock held by the main thread, and the tuner's thread waits
+for it for ever at its next Optuna call: ``run --tune`` neither stops nor tunes. Held, the
+signal waits for the block's end, then the handler that was in place runs as it would have.
 """
 
 from __future__ import annotations

@@ -442,9 +442,10 @@ class _TuneScript:
     def _first_training(self, record: LoaderRecord) -> bool:
         """Whether ``record``'s loader, iterated with gradients on, is the one to tune: yes once
         an optimizer exists (training is on); before any does, only when iterated again (a
-        loop that trains nothing). A sanity pass over the validation loader with gradients on,
-        before the script made its optimizer, had been tuned in place of the training loader
-        (``search`` finds the loader that feeds the optimizer, by its steps)."""
+        loop that trains nothing), so that a sanity pass over the validation loader with
+        gradients on, before the script makes its optimizer, is not tuned in place of the
+        training loader (``search`` finds the loader that feeds the optimizer, by its
+        steps)."""
         from loadertune.trials.identity import same_key
         from loadertune.trials.target import optimizer_exists
 
