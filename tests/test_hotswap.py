@@ -386,3 +386,48 @@ def test_a_real_run_without_a_first_setting_goes_on_with_its_own() -> None:
     # a trial process (no fall-back) has no own setting to go on with: the search names one
     with pytest.raises(RuntimeError, match="no first setting"):
         next(iter(HotSwap(loader, Listed([]), fall_back=False).epoch()))
+
+
+class StallsOnce(Dataset):
+    """Indices; one item stalls its worker once, past the trial loader's timeout."""
+
+    def __init__(self, n: int, stall_at: int, stall_s: float, flag: str) -> None:
+        self.n, self.stall_at, self.stall_s, self.flag = n, stall_at, stall_s, flag
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        import os
+
+        if i == self.stall_at and not os.path.exists(self.flag):
+            open(self.flag, "w").close()  # noqa: SIM115 (a marker: once across processes)
+            time.sleep(self.stall_s)
+        return torch.tensor([i])
+
+
+@pytest.mark.parametrize("measured", [False, True])
+def test_a_live_run_never_gets_a_timeout_of_a_loader_loadertune_built(tmp_path, measured) -> None:
+    """The ``timeout`` a trial's loader gets is loadertune's, not the script's: a worker that
+    stalls past it, under the measured setting or under the setting kept after it, falls back
+    to the loader's own setting, and the loop gets every sample of the epoch once."""
+    n = 480
+    stall_at = 200 if not measured else 40
+    ds = StallsOnce(n, stall_at, stall_s=1.5, flag=str(tmp_path / "stalled"))
+    loader = DataLoader(ds, batch_size=16)
+
+    class KeepOne(Listed):
+        def next_step(self) -> Step | None:
+            step = super().next_step()
+            if step is not None:
+                step.worker_timeout_s = 0.5
+            return step
+
+    conductor = KeepOne([Config(16, 2, 2)], window_s=0.05)
+    swap = HotSwap(loader, conductor, fall_back=True, drain=True)
+    try:
+        seen = [i for batch in swap.epoch() for i in batch.flatten().tolist()]
+    finally:
+        swap.close()
+    assert (tmp_path / "stalled").exists()
+    assert sorted(seen) == list(range(n))

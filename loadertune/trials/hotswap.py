@@ -290,6 +290,9 @@ class HotSwap:
             if self._pending:
                 batch = self._pending.pop(0)
                 if isinstance(batch, _Raised):  # (the re-entry's first batch raised)
+                    if self.current is not None and self._ours(self.current, batch.exc):
+                        self._recover(self.current, batch.exc)
+                        continue
                     batch.segment.passed_on(batch.exc)
                     raise batch.exc
                 return batch
@@ -333,6 +336,9 @@ class HotSwap:
                 if run is not None and run.draining:  # the next step fetches the rest again
                     self._close(run)
                     _internals.forget_deaths()
+                    continue
+                if run is not None and self._ours(run, exc):
+                    self._recover(run, exc)
                     continue
                 if (
                     not self.fall_back
@@ -541,6 +547,28 @@ class HotSwap:
         meter.left_out(time.perf_counter() - t, since)
         run.loaded_with = None if bad else good
         return bad
+
+    def _ours(self, run: _Run, exc: BaseException) -> bool:
+        """Whether ``exc`` is loadertune's failure, not the script's to see: in a real run
+        (``fall_back``), the workers of a loader built with a setting or a ``timeout`` the
+        script did not ask for stalled past that timeout or died."""
+        if not self.fall_back or run.segment.ends_batch(exc):
+            return False
+        return run.step.worker_timeout_s is not None or run.step.config != dl.settings_of(
+            self.loader
+        )
+
+    def _recover(self, run: _Run, exc: BaseException) -> None:
+        """Take down the loader that failed (a measured one's failure is recorded) and go on
+        with the loader's own setting, with no timeout of ours, where the epoch's order stands:
+        nothing the script has not received is lost."""
+        if run.meter is not None:
+            self._failed(run, exc)
+        else:
+            self._close(run)
+            _internals.forget_deaths()
+        if self.good == run.step.config:
+            self.good = None  # the kept setting failed: the loader's own takes over
 
     def _failed(self, run: _Run, exc: BaseException) -> None:
         """A measured setting's loader raised: report it, take it down, fall back."""
