@@ -38,7 +38,6 @@ SETTLED_WAIT_S = 0.010
 # A window that waits for data this share of its time may see the workers' bursts: it holds
 # whole rounds (``WindowSpec.round_batches``).
 ROUNDS_MATTER = 0.05
-_now = time.perf_counter
 WALL_WINDOWS = 4.0  # a window ends once it has lasted this many window_s of wall time
 
 
@@ -118,6 +117,7 @@ class Meter:
             is shorter than the warm-up (:func:`cycle_warmup`): it waits for the next epoch.
         epoch_left: the batches of the epoch under way yet to come where the meter begins
             mid-epoch, where known (None: unknown).
+        clock: seconds, monotonic (tests and simulations pass a fake one).
     """
 
     # Slots: the hot path reads and writes a handful of these per batch.
@@ -183,6 +183,7 @@ class Meter:
         persistent: bool = False,
         epoch_batches: int | None = None,
         epoch_left: int | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.spec = spec
         self._count = count
@@ -193,7 +194,7 @@ class Meter:
         self._measure_cpu = measure_cpu
         self._beat_s = beat_s
         self._on_done = on_done
-        self._clock = _now
+        self._clock = clock
         self._it: Iterator[Any] | None = None
         self._phase = _FIRST
         self._result: Measurement | None = None
@@ -288,8 +289,13 @@ class Meter:
     def done(self) -> bool:
         return self._phase == _DONE
 
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The clock this meter reads (``time.perf_counter`` unless one was injected)."""
+        return self._clock
+
     def __next__(self) -> Any:
-        t0 = _now()
+        t0 = self._clock()
         if (
             self._phase != _WINDOW
             or t0 >= self._sub_end
@@ -308,7 +314,7 @@ class Meter:
         except BaseException:
             self.failed_in_next = True
             raise
-        t1 = _now()
+        t1 = self._clock()
         index = self._index_in_epoch
         self._index_in_epoch = index + 1
         self._t_last = t1
@@ -616,12 +622,13 @@ def elsewhere(
 def _elsewhere(batches: Iterator[Any], meter: Meter, length: int | None) -> Iterator[Any]:
     # The pass is whole at its ``length``-th batch: the loop may never ask past it, and drop
     # the iterator only much later (Lightning does, at its next validation).
-    since, t0, n = meter.place(), _now(), 0
+    clock = meter.clock
+    since, t0, n = meter.place(), clock(), 0
     for batch in batches:
         n += 1
         meter.beat()
         if n == length:
-            meter.left_out(_now() - t0, since)
+            meter.left_out(clock() - t0, since)
         yield batch
     if length is None or n < length:  # (a length that was not the pass's: left out at its end)
-        meter.left_out(_now() - t0, since)
+        meter.left_out(clock() - t0, since)

@@ -22,7 +22,7 @@ import os
 import statistics
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -241,14 +241,21 @@ class ResourceSampler:
             launcher, whose root is the launcher); every other descendant is a worker.
         budget_bytes: the tree's PSS that ends the trial (None: no check).
         gpu_index: NVML index of the trial's GPU, or None without one.
+        clock: seconds, monotonic: the wall time of each snapshot (tests pass a fake one).
     """
 
     INTERVAL_S = 0.25
 
     def __init__(
-        self, root_pid: int, *, budget_bytes: int | None = None, gpu_index: int | None = None
+        self,
+        root_pid: int,
+        *,
+        budget_bytes: int | None = None,
+        gpu_index: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._root_pid = root_pid
+        self._clock = clock  # the wall time the tree's CPU seconds are divided by
         try:
             self._root: psutil.Process | None = psutil.Process(root_pid)
         except psutil.NoSuchProcess:
@@ -372,7 +379,7 @@ class ResourceSampler:
         mains = self._mains()
         found = _workers(procs, mains)
         snapshot = _Snapshot(
-            time.monotonic(),
+            self._clock(),
             _cpu_seconds(procs),
             _memory_full(_sampled(procs, mains, found)),
             _busy_cpu_seconds(),
