@@ -9,7 +9,12 @@ Example:
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from importlib import metadata as _metadata
+
+try:  # the version lives in pyproject.toml only
+    __version__ = _metadata.version("loadertune")
+except _metadata.PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
 
 from loadertune.api import tune_loader
 from loadertune.errors import (
