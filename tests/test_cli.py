@@ -19,8 +19,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from loadertune import hardware, store
+from loadertune import hardware
+from loadertune.results import store
 from loadertune.trials import leftovers
+
+# The command line in subprocesses, most with a real search: the e2e tier.
+pytestmark = pytest.mark.e2e
 
 SCRIPTS = Path(__file__).parent / "scripts"
 FAST = ["--budget", "12", "--trials", "4", "--window", "0.3", "--fresh"]
@@ -308,7 +312,7 @@ def test_show_says_when_the_speedup_is_within_the_noise(tmp_path: Path, verdict,
 def test_show_says_why_an_entry_is_partial(tmp_path: Path, run_ended: bool, words: str) -> None:
     """A best-so-far saved by Ctrl-C is an interrupted search; one saved by `run --tune` whose
     training ended before its tuning was not interrupted, and is not called so."""
-    from loadertune import saved
+    from loadertune.api import saved
     from loadertune.errors import SearchInterrupted
 
     out = tmp_path / "rec.json"

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 SCRIPTS = Path(__file__).parent / "scripts"
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.frameworks
 
 
 def _needs(*modules: str) -> None:

@@ -8,14 +8,15 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from loadertune import load_recommendation, store
+from loadertune import load_recommendation
 from loadertune.hardware import current_key
+from loadertune.results import store
 
 L = pytest.importorskip("lightning")
 
 from loadertune.integrations.lightning import LoadertuneCallback, fixed_arguments  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.frameworks
 
 
 class Points(Dataset):

@@ -18,7 +18,7 @@ from loadertune.measure.meter import Measurement, WindowSpec
 from loadertune.measure.resources import tree_pss
 from loadertune.trials import Limits, TrialResult, window_for
 from loadertune.trials.messages import NO_BATCHING, Message
-from loadertune.trials.script import (
+from loadertune.trials.script.runner import (
     ScriptRunner,
     _enough_without_workers,
     check_script,
@@ -27,7 +27,7 @@ from loadertune.trials.script import (
 from loadertune.units import MIB
 
 SCRIPTS = Path(__file__).parent / "scripts"
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 
 def run(
@@ -263,7 +263,7 @@ def test_a_batch_size_over_the_data_is_a_failed_setting_not_a_bug() -> None:
     assert run("no_batches.py", Config(4, 0)).ok
 
 
-# -- many settings in one process (loadertune.trials.hotswap) ------------------------------------
+# -- many settings in one process (loadertune.trials.hotswap.swap) ---------------------------------
 
 SWAPPED = [Config(32, 2, 2), Config(8), Config(16, 1, 2, persistent_workers=True), Config(64, 3, 1)]
 

@@ -18,17 +18,18 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from loadertune import hardware, store, tuned
+from loadertune import hardware, tuned
+from loadertune.api.tuned import TunedLoader
 from loadertune.config import Config
 from loadertune.errors import ConfigError
+from loadertune.results import store
 from loadertune.search import SearchSettings
 from loadertune.trials import Limits, TrialResult, window_for
-from loadertune.trials.hotswap import HotSwap
-from loadertune.trials.live import LiveConductor, LiveRunner
-from loadertune.tuning import TunedLoader
+from loadertune.trials.hotswap.live import LiveConductor, LiveRunner
+from loadertune.trials.hotswap.swap import HotSwap
 
 SCRIPTS = Path(__file__).parent / "scripts"
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 
 class Indices(Dataset):
@@ -668,7 +669,7 @@ def test_looking_for_an_optimizer_warns_nothing() -> None:
 
     import torch.distributed  # noqa: F401  (what holds the deprecated attribute)
 
-    from loadertune.trials.target import optimizer_exists
+    from loadertune.trials.inside.target import optimizer_exists
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
