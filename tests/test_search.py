@@ -23,7 +23,7 @@ from loadertune.search import Search, SearchOutcome, SearchSettings, dominated
 from loadertune.search import driver as driver_module
 from loadertune.search.probe import Estimates
 from loadertune.trials import Limits, ShouldStop, TrialResult
-from loadertune.trials.runner import BaseRunner
+from loadertune.trials.contract import BaseRunner
 
 
 class FakeRunner(BaseRunner):
@@ -477,7 +477,7 @@ def test_an_interrupt_as_the_search_finishes_is_an_interrupted_search(tmp_path, 
     """Ctrl-C or SIGTERM while the runner closes, once the search is over: the runner is closed
     all the same, and the interrupt says what the study keeps, with the winner as the best so
     far (it escaped as a bare KeyboardInterrupt: click's 'Aborted!', exit 1, nothing saved)."""
-    from loadertune.api import run_search
+    from loadertune.api.tune import run_search
 
     class ClosingSlowly(FakeRunner):
         closes = 0
@@ -1426,10 +1426,10 @@ def test_no_trial_has_more_workers_than_an_epoch_has_batches(tmp_path, hw) -> No
 def test_trials_cut_at_the_deadline_are_skipped_and_rule_nothing_out(tmp_path, hw) -> None:
     """The exploration's and the confirmation's trials carry the search's deadline
     (``Limits.ends_by``), the opening's do not (its figures are the estimates' input); a trial
-    the runner cut there (:func:`~loadertune.trials.runner.cut`) is skipped in the outcome and
+    the runner cut there (:func:`~loadertune.trials.contract.cut`) is skipped in the outcome and
     pruned in the study, neither a figure nor a failure of its setting."""
     from loadertune.measure.failures import FailureKind
-    from loadertune.trials.runner import cut
+    from loadertune.trials.contract import cut
 
     class Cutting(FakeRunner):
         def run(self, config, *, window, limits, phase="search", should_stop=None):

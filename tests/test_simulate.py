@@ -17,7 +17,7 @@ import loadertune.search.confirm
 import loadertune.search.driver
 from loadertune.config import Config
 from loadertune.measure.meter import WindowSpec
-from loadertune.trials.runner import Limits
+from loadertune.trials.contract import Limits
 
 BUDGET = 30.0
 # A trial's limit reaches 1 s past the deadline, plus teardown (up to ~1.3 s for 256 workers).
