@@ -101,16 +101,13 @@ a good setting (>= 0.95) ran but lost in the confirmation or never became a fina
 good within the space but the space left the optimum out; or no good setting was ever run (after
 exploring nothing, or something, with the stop reason).
 
-Hooks patched so the driver runs in simulated time (see :func:`simulated_time`):
-``loadertune.search.driver.time`` and ``loadertune.search.confirm.time`` (their
-``time.monotonic``), and ``loadertune.search.driver.tree_pss`` (the driver's own PSS, added to
-the memory budget inline).
+The driver runs in simulated time: :func:`new_search` hands it the fake clock and the
+workload's own PSS (``Search(clock=..., own_pss=...)``); no module is patched.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import math
@@ -119,15 +116,13 @@ import statistics
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import optuna
 
-import loadertune.search.confirm
-import loadertune.search.driver
 from loadertune.config import DEFAULT_BATCH_SIZES, Config
 from loadertune.errors import LoadertuneError, UserCodeError
 from loadertune.hardware import Hardware
@@ -135,10 +130,10 @@ from loadertune.measure import failures, meter
 from loadertune.measure.failures import Failure
 from loadertune.measure.meter import Measurement, WindowSpec
 from loadertune.measure.resources import ResourceUsage
-from loadertune.results.recommendation import build_recommendation
+from loadertune.recommendation import build_recommendation
 from loadertune.search import Search, SearchOutcome, SearchSettings
 from loadertune.search.space import DEFAULT_PREFETCH_FACTORS, MAX_WORKERS_HARD
-from loadertune.trials.contract import BaseRunner, Limits, ShouldStop, TrialResult, window_for
+from loadertune.trials.runner import BaseRunner, Limits, ShouldStop, TrialResult, window_for
 
 MODES = ("inline", "script")
 CPU_CHOICES = (1, 2, 4, 8, 16, 32)
@@ -566,22 +561,24 @@ class FakeClock:
         self.now += max(0.0, seconds)
 
 
-@contextlib.contextmanager
-def simulated_time(clock: FakeClock, own_pss: int) -> Iterator[None]:
-    """Point the driver's clock (driver, confirm) and its own-PSS reading at the simulation."""
-    patches: list[tuple[Any, str, Any]] = [
-        (loadertune.search.driver, "time", clock),
-        (loadertune.search.confirm, "time", clock),
-        (loadertune.search.driver, "tree_pss", lambda pid: own_pss),
-    ]
-    saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patches]
-    try:
-        for mod, name, value in patches:
-            setattr(mod, name, value)
-        yield
-    finally:
-        for mod, name, value in saved:
-            setattr(mod, name, value)
+def new_search(
+    runner: SimRunner,
+    w: Workload,
+    *,
+    baseline: Config | None,
+    batch_sizes: Sequence[int],
+    settings: SearchSettings,
+) -> Search:
+    """The real driver on the simulated runner, its clock and its own PSS the simulation's."""
+    return Search(
+        runner,
+        hardware=hardware_for(w),
+        baseline=baseline,
+        batch_sizes=batch_sizes,
+        settings=settings,
+        clock=runner.clock.monotonic,
+        own_pss=lambda: int(w.main_pss),
+    )
 
 
 @dataclass
@@ -636,7 +633,7 @@ class SimRunner(BaseRunner):
         ends_by = getattr(limits, "ends_by", None)  # (older commits' Limits have none)
         if ends_by is not None and self.clock.now + wall > ends_by:  # the supervisor cuts it
             from loadertune.measure.failures import FailureKind  # (CUT: as ends_by)
-            from loadertune.trials.contract import cut
+            from loadertune.trials.runner import cut
 
             at = max(0.0, ends_by - self.clock.now)
             why = f"stopped at the search's deadline, {at:.0f} s into the trial"
@@ -1003,9 +1000,9 @@ def run_one(
         study_name="sim",
         seed=(seed * 1_000_003 + w.index) % 2**31,
     )
-    search = Search(
+    search = new_search(
         runner,
-        hardware=hardware_for(w),
+        w,
         baseline=w.baseline if mode == "inline" else None,
         batch_sizes=w.batch_sizes,
         settings=settings,
@@ -1013,11 +1010,10 @@ def run_one(
     t0, real0 = clock.now, time.perf_counter()
     outcome: SearchOutcome | None = None
     error = None
-    with simulated_time(clock, own_pss=int(w.main_pss)):
-        try:
-            outcome = search.run()
-        except LoadertuneError as exc:
-            error = f"{type(exc).__name__}: {exc}"
+    try:
+        outcome = search.run()
+    except LoadertuneError as exc:
+        error = f"{type(exc).__name__}: {exc}"
     real_s = time.perf_counter() - real0
     if trace is not None:
         trace.extend(runner.trace)
@@ -1426,18 +1422,15 @@ def run_live(
         resume=False,
     )
     bs = w.baseline.batch_size
-    search = Search(
-        runner, hardware=hardware_for(w), baseline=w.baseline, batch_sizes=[bs], settings=settings
-    )
+    search = new_search(runner, w, baseline=w.baseline, batch_sizes=[bs], settings=settings)
     own = epoch_rate(w, w.baseline)
     winner = own
-    with simulated_time(clock, own_pss=int(w.main_pss)):
-        try:
-            pick = search.run().winner
-            if not failure_kind(w, pick, "inline"):
-                winner = epoch_rate(w, pick)
-        except LoadertuneError:
-            pass  # the run goes on with its own setting
+    try:
+        pick = search.run().winner
+        if not failure_kind(w, pick, "inline"):
+            winner = epoch_rate(w, pick)
+    except LoadertuneError:
+        pass  # the run goes on with its own setting
     trials = runner.trace
     best = grid_best(w, dataclasses.replace(true_grid(w), batch_sizes=(bs,)), "inline")[0]
     return LiveScore(

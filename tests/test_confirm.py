@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from types import SimpleNamespace
 
 import pytest
 
@@ -199,11 +198,9 @@ class _Clock:
 
 
 @pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
-    """A fake ``time.monotonic`` for loadertune.confirm alone."""
-    fake = _Clock()
-    monkeypatch.setattr(confirm_mod, "time", SimpleNamespace(monotonic=fake))
-    return fake
+def clock() -> _Clock:
+    """A fake monotonic clock, handed to :func:`confirm` as its ``clock``."""
+    return _Clock()
 
 
 def _runner(
@@ -264,7 +261,7 @@ def test_confirm_runs_interleaved_rounds_and_leaves_out_the_clearly_behind(
     clearly_better: bool,
 ) -> None:
     run, ran = _runner(clock, rates)
-    outcome = confirm(run, [B, C], A, rounds=3, deadline=1000.0, trial_wall_s=10.0)
+    outcome = confirm(run, [B, C], A, rounds=3, clock=clock, deadline=1000.0, trial_wall_s=10.0)
     assert ran == order
     assert outcome.baseline == A
     assert outcome.values == {c: rates[c][: ran.count(c)] for c in (B, C, A)}
@@ -277,14 +274,14 @@ def test_the_baseline_stays_two_rounds_however_far_behind(clock: _Clock) -> None
     """One round says little (the noise is not known yet): the baseline is measured twice, so
     that "clearly faster" has two rounds of each side."""
     run, ran = _runner(clock, {A: [10.0, 11.0, 10.0], B: [200.0, 190.0, 210.0]})
-    confirm(run, [B], A, rounds=3, deadline=1000.0, trial_wall_s=10.0)
+    confirm(run, [B], A, rounds=3, clock=clock, deadline=1000.0, trial_wall_s=10.0)
     assert ran == [B, A, A, B]
 
 
 def test_rounds_go_on_to_the_cap_while_settings_are_close(clock: _Clock) -> None:
     rates: dict[Config, list[float | None]] = {A: [100.0, 104.0] * 4, B: [103.0, 99.0] * 4}
     run, ran = _runner(clock, rates)
-    confirm(run, [B], A, rounds=8, deadline=1000.0, trial_wall_s=10.0)
+    confirm(run, [B], A, rounds=8, clock=clock, deadline=1000.0, trial_wall_s=10.0)
     assert len(ran) == 16
 
 
@@ -295,12 +292,14 @@ def test_on_a_live_run_a_finalist_behind_the_running_setting_leaves_the_rounds(
     slower setting is training time lost, ends them once its finalists are behind its own
     setting (A), keeping one ahead of it."""
     run, ran = _runner(clock, {A: [100.0, 104.0] * 4, B: [98.0, 99.0] * 4, C: [103.0] * 8})
-    outcome = confirm(run, [B, C], A, rounds=8, deadline=1000.0, trial_wall_s=10.0, live=True)
+    outcome = confirm(
+        run, [B, C], A, rounds=8, clock=clock, deadline=1000.0, trial_wall_s=10.0, live=True
+    )
     assert ran[:6] == [B, C, A, C, A, B]
     assert B in outcome.left_out and C not in outcome.left_out  # B behind A, C ahead
     assert ran.count(B) == 2 and ran.count(C) > 2
     run, ran = _runner(clock, {A: [100.0, 104.0] * 4, B: [98.0, 99.0] * 4})
-    confirm(run, [B], A, rounds=8, deadline=1000.0, trial_wall_s=10.0, live=True)
+    confirm(run, [B], A, rounds=8, clock=clock, deadline=1000.0, trial_wall_s=10.0, live=True)
     assert ran == [B, A, A, B]  # the running setting alone is left: the rounds end
 
 
@@ -321,7 +320,7 @@ def test_confirm_stops_at_the_deadline(clock: _Clock) -> None:
     """A trial that would end past the deadline is not started."""
     rates: dict[Config, list[float | None]] = {A: [100.0] * 3, B: [105.0] * 3, C: [102.0] * 3}
     run, ran = _runner(clock, rates)
-    outcome = confirm(run, [A, B], C, rounds=3, deadline=55.0, trial_wall_s=10.0)
+    outcome = confirm(run, [A, B], C, rounds=3, clock=clock, deadline=55.0, trial_wall_s=10.0)
     # t=0 A, 10 B, 20 C, 30 B, 40 C; at 50 the next would end at 60 > 55
     assert ran == [A, B, C, B, C]
     assert clock.now == 50.0
@@ -335,18 +334,18 @@ def test_a_slow_baseline_is_not_started_when_its_own_wall_time_would_pass_the_de
     35 s left, the round measures the finalist and stops before the baseline, where a typical
     trial's time would have started it and run 15 s over the budget."""
     run, ran = _runner(clock, {A: [100.0] * 3, B: [200.0] * 3})
-    confirm(run, [B], A, rounds=2, deadline=35.0, trial_wall_s=10.0, walls={A: 40.0})
+    confirm(run, [B], A, rounds=2, clock=clock, deadline=35.0, trial_wall_s=10.0, walls={A: 40.0})
     assert ran == [B]
     run, ran = _runner(clock, {A: [100.0] * 3, B: [200.0] * 3})
     clock.now = 0.0
-    confirm(run, [B], A, rounds=2, deadline=35.0, trial_wall_s=10.0)
+    confirm(run, [B], A, rounds=2, clock=clock, deadline=35.0, trial_wall_s=10.0)
     assert ran == [B, A, A]  # without its own wall time: 10 s each, the deadline never passed
 
 
 def test_confirm_past_deadline_runs_nothing(clock: _Clock) -> None:
     clock.now = 100.0
     run, ran = _runner(clock, {A: [1.0], B: [2.0]})
-    outcome = confirm(run, [B], A, rounds=3, deadline=105.0, trial_wall_s=10.0)
+    outcome = confirm(run, [B], A, rounds=3, clock=clock, deadline=105.0, trial_wall_s=10.0)
     assert ran == []
     assert outcome.winner is None
     assert outcome.clearly_better is False
@@ -356,7 +355,9 @@ def test_confirm_past_deadline_can_measure_the_leading_finalist(clock: _Clock) -
     """A resumed search's leader must have figures of its own from this run."""
     clock.now = 100.0
     run, ran = _runner(clock, {A: [1.0], B: [2.0]})
-    outcome = confirm(run, [B], A, rounds=3, deadline=105.0, trial_wall_s=10.0, measure_first=True)
+    outcome = confirm(
+        run, [B], A, rounds=3, clock=clock, deadline=105.0, trial_wall_s=10.0, measure_first=True
+    )
     assert ran == [B]
     assert outcome.winner == B
     assert outcome.clearly_better is False  # the baseline was not re-measured beside it
@@ -364,7 +365,7 @@ def test_confirm_past_deadline_can_measure_the_leading_finalist(clock: _Clock) -
 
 def test_confirm_does_not_run_the_baseline_twice(clock: _Clock) -> None:
     run, ran = _runner(clock, {A: [100.0, 100.0], B: [200.0, 200.0]})
-    confirm(run, [B, A, B], A, rounds=2, deadline=1000.0, trial_wall_s=10.0)
+    confirm(run, [B, A, B], A, rounds=2, clock=clock, deadline=1000.0, trial_wall_s=10.0)
     assert ran == [B, A, A, B]
 
 
@@ -378,7 +379,9 @@ def test_confirm_records_failures_and_ignores_pruned_rates(clock: _Clock) -> Non
             return _result(A, None)
         return _result(config, 300.0, pruned=len(ran) == 1)
 
-    outcome = confirm(in_turn(run), [B], A, rounds=2, deadline=1000.0, trial_wall_s=1.0)
+    outcome = confirm(
+        in_turn(run), [B], A, rounds=2, clock=clock, deadline=1000.0, trial_wall_s=1.0
+    )
     assert ran == [B, A, A, B]
     assert outcome.values == {B: [300.0], A: []}  # the pruned round does not count
     assert len(outcome.results[A]) == 2
@@ -398,7 +401,9 @@ def test_confirm_uses_epoch_rates(clock: _Clock) -> None:
         result.measurement.first_batch_s = 1.0 if config.num_workers else 0.0
         return result
 
-    outcome = confirm(in_turn(run), [B], A, rounds=1, deadline=1000.0, trial_wall_s=1.0)
+    outcome = confirm(
+        in_turn(run), [B], A, rounds=1, clock=clock, deadline=1000.0, trial_wall_s=1.0
+    )
     assert outcome.values[A] == [1000.0]
     assert outcome.values[B] == [pytest.approx(500.0)]  # 1000 samples in 1 s + 1 s start-up
 
@@ -458,7 +463,7 @@ def test_a_winner_the_confirmation_never_measured_is_not_called_clearly_faster()
     the baseline's) is "within the noise"; a winner whose every sub-window beats every one of the
     baseline's is clearly faster, as the confirmation would decide on a tight budget."""
     from loadertune.hardware import detect
-    from loadertune.results.recommendation import build_recommendation
+    from loadertune.recommendation import build_recommendation
 
     hw = detect()
     lucky = _explored_winner(176.0, [105.0, 300.0, 200.0, 99.0])
@@ -486,8 +491,8 @@ def test_a_winner_of_one_short_window_and_no_rounds_is_not_confirmed_rather_than
     told the user that keeping their settings loses nothing). Two sub-windows each are
     compared, as before; so is a confirmation that measured the winner."""
     from loadertune.hardware import detect
-    from loadertune.results.recommendation import build_recommendation
-    from loadertune.view.summary import noise_words, summary_lines
+    from loadertune.recommendation import build_recommendation
+    from loadertune.report import noise_words, summary_lines
 
     hw = detect()
     once = build_recommendation(_explored_winner(1300.0, [1300.0]), hw, workload={})
@@ -512,8 +517,8 @@ def test_where_a_batch_sampler_decides_neither_setting_names_a_batch_size() -> N
     ("bs=sampler"), not "bs=1" beside it (a new user's table read "bs=1 w=0" against
     "bs=sampler w=2 pf=4", for batches of 32)."""
     from loadertune.hardware import detect
-    from loadertune.results.recommendation import build_recommendation
-    from loadertune.view.summary import summary_rows
+    from loadertune.recommendation import build_recommendation
+    from loadertune.report import summary_rows
 
     base = _result(A, 100.0)
     base.phase = "baseline"
@@ -540,7 +545,7 @@ def test_on_a_busy_machine_only_rounds_say_clearly_faster() -> None:
 
     from loadertune.hardware import detect
     from loadertune.measure.resources import ResourceUsage
-    from loadertune.results.recommendation import build_recommendation
+    from loadertune.recommendation import build_recommendation
 
     cpus = len(os.sched_getaffinity(0))
     hw = dc.replace(detect(), cpu_quota=None)
@@ -575,8 +580,8 @@ def test_a_baseline_whose_round_the_deadline_cut_keeps_its_figures_and_the_speed
     short epochs ended): the summary still has the baseline's figures, from its own trial, and
     the speed-up; they had read "-" with no speed-up."""
     from loadertune.hardware import detect
-    from loadertune.results.recommendation import build_recommendation
-    from loadertune.trials import contract as runner
+    from loadertune.recommendation import build_recommendation
+    from loadertune.trials import runner
 
     base = _result(A, 100.0)
     base.phase = "baseline"
@@ -600,7 +605,14 @@ def test_a_finalist_failing_every_round_neither_wins_nor_runs_again(clock: _Cloc
     rates: dict[Config, list[float | None]] = {A: [100.0] * 3, B: [None] * 3, C: [110.0] * 3}
     run, ran = _runner(clock, rates)
     outcome = confirm(
-        run, [B, C], A, rounds=3, deadline=1000.0, trial_wall_s=10.0, prior={B: [300.0]}
+        run,
+        [B, C],
+        A,
+        rounds=3,
+        clock=clock,
+        deadline=1000.0,
+        trial_wall_s=10.0,
+        prior={B: [300.0]},
     )
     assert ran.count(B) == 1
     assert outcome.failed_here(B) and not outcome.failed_here(C)
@@ -619,7 +631,7 @@ def test_a_setting_the_rounds_left_out_does_not_win_later(clock: _Clock) -> None
         D: [280.0, 280.0, 100.0, 100.0, 100.0],
     }
     run, ran = _runner(clock, rates)
-    outcome = confirm(run, [B, C, D], A, rounds=5, deadline=1000.0, trial_wall_s=10.0)
+    outcome = confirm(run, [B, C, D], A, rounds=5, clock=clock, deadline=1000.0, trial_wall_s=10.0)
     assert ran.count(C) == 2 and C in outcome.left_out
     assert outcome.median(C) == 200.0 and outcome.median(B) == 100.0
     assert outcome.winner in (B, D)
@@ -658,14 +670,18 @@ def test_a_finalist_the_cut_rounds_never_measured_does_not_win_on_its_exploratio
     B7, C12 = Config(32, 7, 4, persistent_workers=True), Config(32, 12, 4, persistent_workers=True)
     run, ran = _runner(clock, {C12: [665.0], B7: [700.0], A: [400.0]})
     prior = {C12: [803.0], B7: [731.0], A: [391.0]}
-    outcome = confirm(run, [C12, B7], A, rounds=2, deadline=15.0, trial_wall_s=10.0, prior=prior)
+    outcome = confirm(
+        run, [C12, B7], A, rounds=2, clock=clock, deadline=15.0, trial_wall_s=10.0, prior=prior
+    )
     assert ran == [C12]
     assert outcome.winner == C12
     # with no figure from the rounds at all, the exploration's decide (simplest within 2%)
     clock.now = 0.0
     run, ran = _runner(clock, {C12: [665.0], B7: [700.0], A: [400.0]})
     prior[C12] = [740.0]
-    outcome = confirm(run, [C12, B7], A, rounds=2, deadline=5.0, trial_wall_s=10.0, prior=prior)
+    outcome = confirm(
+        run, [C12, B7], A, rounds=2, clock=clock, deadline=5.0, trial_wall_s=10.0, prior=prior
+    )
     assert ran == [] and outcome.winner == B7
 
 
@@ -679,7 +695,9 @@ def test_a_baselines_window_stands_in_only_until_the_rounds_measure_it(clock: _C
     def rounds(deadline: float, **earlier: dict[Config, list[float]]) -> tuple:
         clock.now = 0.0
         run, ran = _runner(clock, {B: [841.0], A: [992.0]})
-        outcome = confirm(run, [B], A, rounds=2, deadline=deadline, trial_wall_s=10.0, **earlier)
+        outcome = confirm(
+            run, [B], A, rounds=2, clock=clock, deadline=deadline, trial_wall_s=10.0, **earlier
+        )
         return outcome, ran
 
     outcome, ran = rounds(25.0, prior={B: [914.0]}, stand_in={A: [562.0]})

@@ -1,4 +1,5 @@
-"""The search driver, over a deterministic fake workload and a real Optuna SQLite storage."""
+"""The search driver, over a deterministic fake workload: Optuna's in-memory storage, and a real
+SQLite one where persistence is the point (``settings(..., persist=True)``)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ from loadertune.measure.failures import Failure
 from loadertune.measure.meter import Measurement, WindowSpec
 from loadertune.measure.resources import ResourceUsage
 from loadertune.search import Search, SearchOutcome, SearchSettings, dominated
-from loadertune.search import driver as driver_module
 from loadertune.search.probe import Estimates
 from loadertune.trials import Limits, ShouldStop, TrialResult
 from loadertune.trials.contract import BaseRunner
@@ -143,10 +143,14 @@ def hw() -> Hardware:
     return detect()
 
 
-def settings(tmp_path, **kw) -> SearchSettings:
+def settings(tmp_path, *, persist: bool = False, **kw) -> SearchSettings:
+    """Test settings; ``persist``: a real SQLite storage (resume, interruption, saved studies)
+    instead of Optuna's in-memory one, whose set-up costs nothing."""
     base = {
         "budget_s": 20.0,
-        "storage": f"sqlite:///{tmp_path / 'studies.db'}",
+        "storage": (
+            f"sqlite:///{tmp_path / 'studies.db'}" if persist else optuna.storages.InMemoryStorage()
+        ),
         "study_name": "t",
         "seed": 1,
     }
@@ -453,7 +457,7 @@ def test_a_user_bug_stops_the_search(tmp_path, hw) -> None:
 
 
 def test_interrupted_search_keeps_its_trials_and_resumes(tmp_path, hw) -> None:
-    s = settings(tmp_path, study_name="resume-me", patience=30, budget_s=20)
+    s = settings(tmp_path, persist=True, study_name="resume-me", patience=30, budget_s=20)
     with pytest.raises(SearchInterrupted, match="run the same command again") as info:
         Search(
             FakeRunner(io_landscape, interrupt_after=8),
@@ -488,7 +492,7 @@ def test_an_interrupt_as_the_search_finishes_is_an_interrupted_search(tmp_path, 
                 raise KeyboardInterrupt
 
     runner = ClosingSlowly(io_landscape)
-    s = settings(tmp_path, study_name="finishing", patience=10, budget_s=5)
+    s = settings(tmp_path, persist=True, study_name="finishing", patience=10, budget_s=5)
     with pytest.raises(SearchInterrupted, match="as it finished") as info:
         run_search(
             runner,
@@ -516,7 +520,7 @@ def test_a_search_interrupted_during_the_probe_keeps_its_finished_trials(
     """Issue 14: Ctrl-C after the baseline (and the replay): the resumed search runs
     only what the probe still misses, its kept trials are read back from the study whole, and
     they become the study's trials once the probe is done."""
-    s = settings(tmp_path, study_name="probe-cut", n_trials=4)
+    s = settings(tmp_path, persist=True, study_name="probe-cut", n_trials=4)
     first = FakeRunner(io_landscape, interrupt_after=after)
     with pytest.raises(SearchInterrupted, match=f"{after} completed trials are kept") as info:
         _search(first, s, hw)
@@ -547,7 +551,7 @@ def test_ctrl_c_in_the_middle_of_a_study_write_waits_for_its_end(tmp_path, hw, m
     """SIGINT delivered while the baseline is being written to the study (inside the storage's
     call): the write completes, then the search stops as interrupted (not with the storage's
     own error), and the next run takes the baseline back rather than measuring it again."""
-    s = settings(tmp_path, study_name="cut-write", n_trials=4)
+    s = settings(tmp_path, persist=True, study_name="cut-write", n_trials=4)
     write = optuna.study.Study.set_user_attr
     calls: list[tuple[str, int]] = []
 
@@ -572,7 +576,7 @@ def test_ctrl_c_in_the_middle_of_a_study_write_waits_for_its_end(tmp_path, hw, m
 
 
 def test_a_search_interrupted_between_its_two_replays_runs_the_second_only(tmp_path, hw) -> None:
-    s = settings(tmp_path, study_name="replay-cut", n_trials=4)
+    s = settings(tmp_path, persist=True, study_name="replay-cut", n_trials=4)
     first = FakeRunner(io_landscape, interrupt_after=2)  # baseline, the first replay
     with pytest.raises(SearchInterrupted):
         Search(first, hardware=hw, baseline=Config(32), batch_sizes=[32, 64], settings=s).run()
@@ -588,7 +592,7 @@ def test_a_search_interrupted_between_its_two_replays_runs_the_second_only(tmp_p
 
 def test_a_resumed_search_runs_no_baseline_and_no_probe(tmp_path, hw) -> None:
     """A study whose probe was done: the next run measures none of its trials again."""
-    s = settings(tmp_path, study_name="probe-done", n_trials=5)
+    s = settings(tmp_path, persist=True, study_name="probe-done", n_trials=5)
     _search(FakeRunner(io_landscape), s, hw)
     runner = FakeRunner(io_landscape)
     outcome = _search(runner, s, hw)
@@ -600,17 +604,17 @@ def test_a_resumed_search_runs_no_baseline_and_no_probe(tmp_path, hw) -> None:
 
 
 def test_trial_limits_are_what_the_workload_needs_not_what_is_left_of_the_budget(
-    tmp_path, hw, monkeypatch
+    tmp_path, hw
 ) -> None:
     """The replay comes when the budget is nearly spent; it still gets the time it needs."""
     # baseline and probe take 1 s of the 2.5 s budget; the replay still fits, but a limit cut to
     # what is left (1.5 s + 1) is less than the 3 s it needs (a slow-starting script)
     clock = SimpleNamespace(now=0.0)
     clock.monotonic = lambda: clock.now
-    monkeypatch.setattr(driver_module, "time", clock)
     runner = FakeRunner(io_landscape, cost_s=0.5, needs_timeout_s=lambda phase: 3.0, clock=clock)
     outcome = Search(
         runner,
+        clock=clock.monotonic,
         hardware=hw,
         baseline=Config(32),
         batch_sizes=[32],
@@ -634,7 +638,7 @@ def test_a_failed_replay_leaves_the_estimates_out_and_the_search_goes_on(tmp_pat
 
 def test_a_resumed_search_measures_its_winner_even_with_no_budget_left(tmp_path, hw) -> None:
     """The winner of the earlier run is re-measured: the summary needs figures of its own."""
-    s = settings(tmp_path, study_name="resumed", budget_s=5)
+    s = settings(tmp_path, persist=True, study_name="resumed", budget_s=5)
     Search(
         FakeRunner(io_landscape), hardware=hw, baseline=Config(32), batch_sizes=[32], settings=s
     ).run()
@@ -655,7 +659,7 @@ def test_a_resumed_search_measures_its_winner_even_with_no_budget_left(tmp_path,
 
 
 def test_fresh_start_forgets_the_study(tmp_path, hw) -> None:
-    s = settings(tmp_path, study_name="again", n_trials=6)
+    s = settings(tmp_path, persist=True, study_name="again", n_trials=6)
     Search(
         FakeRunner(io_landscape), hardware=hw, baseline=Config(32), batch_sizes=[32], settings=s
     ).run()
@@ -678,7 +682,7 @@ def test_a_fresh_search_keeps_the_study_it_replaces_for_the_entries_that_name_it
     had been deleted, and a report of the first file mixed the two searches."""
     from loadertune.search.study import replaced_name, stored_trials, study_of_entry
 
-    s = settings(tmp_path, study_name="again", n_trials=6)
+    s = settings(tmp_path, persist=True, study_name="again", n_trials=6)
     first = Search(
         FakeRunner(io_landscape), hardware=hw, baseline=Config(32), batch_sizes=[32], settings=s
     ).run()
@@ -849,18 +853,18 @@ def test_every_trial_failing_is_an_error(tmp_path, hw) -> None:
     assert outcome.confirmation is not None and outcome.confirmation.clearly_better
 
 
-def test_own_settings_that_take_the_whole_budget_and_fail_say_so(tmp_path, hw, monkeypatch) -> None:
+def test_own_settings_that_take_the_whole_budget_and_fail_say_so(tmp_path, hw) -> None:
     """A baseline that times out after the whole budget leaves nothing else a chance: the
     error says that it was the user's own settings, and what to do, not "every trial failed"."""
     clock = SimpleNamespace(now=0.0)
     clock.monotonic = lambda: clock.now
-    monkeypatch.setattr(driver_module, "time", clock)
     slow = Failure("timeout", "ran past its limit of 127 s", "a hang?")
     fail = lambda c: slow if c.num_workers == 16 else None  # noqa: E731
     runner = FakeRunner(io_landscape, fail=fail, cost_s=127.0, clock=clock)
     with pytest.raises(LoadertuneError, match=r"your own settings failed \(timeout") as caught:
         Search(
             runner,
+            clock=clock.monotonic,
             hardware=hw,
             baseline=Config(64, 16, 2),
             batch_sizes=[64],
@@ -869,16 +873,13 @@ def test_own_settings_that_take_the_whole_budget_and_fail_say_so(tmp_path, hw, m
     assert "--budget" in str(caught.value) and [p for p, _ in runner.log] == ["baseline"]
 
 
-def test_own_settings_that_take_half_the_budget_leave_the_rest_to_the_search(
-    tmp_path, hw, monkeypatch
-) -> None:
+def test_own_settings_that_take_half_the_budget_leave_the_rest_to_the_search(tmp_path, hw) -> None:
     """The user's batch of 512 with one worker waits 33 s for its warm-up, of a 60 s budget;
     the other settings' trials take 1 s. Their typical trial is no sample of the others: the
     probe at batch 16 and the exploration still run (the simulator's pick was 0.06 of the
     best, the search ended after that one trial)."""
     clock = SimpleNamespace(now=0.0)
     clock.monotonic = lambda: clock.now
-    monkeypatch.setattr(driver_module, "time", clock)
 
     class SlowBaseline(FakeRunner):
         def run(self, config, **kw):  # type: ignore[no-untyped-def]
@@ -893,6 +894,7 @@ def test_own_settings_that_take_half_the_budget_leave_the_rest_to_the_search(
     runner = SlowBaseline(io_landscape, cost_s=1.0, clock=clock)
     outcome = Search(
         runner,
+        clock=clock.monotonic,
         hardware=hw,
         baseline=Config(512, 1, 2),
         batch_sizes=[16, 512],

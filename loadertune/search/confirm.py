@@ -230,9 +230,10 @@ def confirm(
     stand_in: Mapping[Config, Sequence[float]] | None = None,
     prior_sub_windows: Mapping[Config, Sequence[float]] | None = None,
     live: bool = False,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Confirmation:
     """Measure ``finalists`` and ``baseline`` in up to ``rounds`` interleaved rounds: fewer if
-    the deadline, a ``time.monotonic()`` value, comes first, or once one setting alone may win
+    the deadline, a ``clock()`` value, comes first, or once one setting alone may win
     (after each round :func:`still_in` leaves out those clearly behind, and a setting that
     failed every round it ran leaves too). ``run_in_turn`` measures a round's settings in one
     go (a script's runner keeps its process between calls), and stops when a
@@ -270,7 +271,7 @@ def confirm(
         if done >= len(order):
             return False
         wall = max(trial_wall_s, (walls or {}).get(order[done], 0.0))
-        return time.monotonic() + wall <= deadline
+        return clock() + wall <= deadline
 
     def record(result: TrialResult) -> bool:
         nonlocal done

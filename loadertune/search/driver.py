@@ -55,6 +55,8 @@ class Search:
         batch_sizes: the batch sizes to consider (the baseline's is added; empty: only it).
         settings: budget and policy.
         observer: hears progress (None: silent).
+        clock: seconds on a monotonic clock (a simulation passes its own).
+        own_pss: this process tree's PSS in bytes (in-process trials add to it).
     """
 
     def __init__(
@@ -66,8 +68,12 @@ class Search:
         batch_sizes: Sequence[int],
         settings: SearchSettings,
         observer: Observer | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        own_pss: Callable[[], int] | None = None,
     ) -> None:
         self.runner = runner
+        self.clock = clock
+        self._own_pss = own_pss or (lambda: tree_pss(os.getpid()))
         self.hw = hardware
         self.settings = settings
         self.observer = observer
@@ -101,7 +107,7 @@ class Search:
     # -- bookkeeping -----------------------------------------------------------------------------
 
     def _remaining(self) -> float:
-        return self._deadline - time.monotonic()
+        return self._deadline - self.clock()
 
     def _typical_wall(self) -> float:
         """The typical trial's wall, the user's own settings' left out: they are no sample of
@@ -531,15 +537,16 @@ class Search:
             stand_in=stand_in,
             prior_sub_windows=self.ledger.sub_windows(),
             live=self.settings.live,
+            clock=self.clock,
         )
 
     # -- the whole search --------------------------------------------------------------------------
 
     def run(self) -> SearchOutcome:
-        t0 = time.monotonic()
+        t0 = self.clock()
         self._deadline = t0 + self.settings.budget_s
         # In-process trials share this process, whose memory is the user's: the budget is on top.
-        own = tree_pss(os.getpid()) if self.runner.in_process else 0
+        own = self._own_pss() if self.runner.in_process else 0
         self._memory_budget = own + int(
             self.settings.memory_budget_fraction * self.hw.ram_budget_bytes
         )
@@ -668,7 +675,7 @@ class Search:
             stop_reason=reason,
             settings=self.settings,
             storage=self.storage,
-            elapsed_s=time.monotonic() - t0,
+            elapsed_s=self.clock() - t0,
             n_previous_trials=log.n_at_start,
             user_batch_size=self.baseline.batch_size,
             values=dict(self.ledger.values),
