@@ -17,6 +17,8 @@ except _metadata.PackageNotFoundError:  # a source tree that was never installed
     __version__ = "0+unknown"
 
 from loadertune.api import tune_loader
+from loadertune.api.live import tuned
+from loadertune.api.saved import load_recommendation
 from loadertune.errors import (
     ConfigError,
     LoadertuneError,
@@ -26,9 +28,7 @@ from loadertune.errors import (
     SearchInterrupted,
     UserCodeError,
 )
-from loadertune.recommendation import Recommendation
-from loadertune.saved import load_recommendation
-from loadertune.tuning import tuned
+from loadertune.results.recommendation import Recommendation
 
 __all__ = [
     "ConfigError",

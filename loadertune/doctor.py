@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from loadertune import hardware
 from loadertune.hardware import Hardware
 from loadertune.measure import nvml
-from loadertune.trials import _torch_internals
+from loadertune.trials import torch_internals
 from loadertune.units import GIB, MIB
 
 OK, NOTE, PROBLEM = "ok", "note", "problem"
@@ -230,7 +230,7 @@ def check_start_method() -> Finding:
 def check_torch_internals() -> Finding:
     import torch
 
-    gone = _torch_internals.missing_live()
+    gone = torch_internals.missing_live()
     if not gone:
         return Finding(
             "torch internals",

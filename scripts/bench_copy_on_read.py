@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from loadertune import tune_loader
-from loadertune.analysis import COPY_ON_READ_BYTES_PER_S
+from loadertune.results.analysis import COPY_ON_READ_BYTES_PER_S
 from loadertune.units import MIB
 
 

@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from loadertune.config import Config
 from loadertune.trials import Limits, TrialResult, window_for
-from loadertune.trials.hotswap import HotSwap, Outcome, Step
+from loadertune.trials.hotswap.swap import HotSwap, Outcome, Step
 from loadertune.trials.inline import InlineRunner
 
 SETTINGS = [

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from loadertune.config import Config  # noqa: E402
 from loadertune.trials import Limits, window_for  # noqa: E402
-from loadertune.trials.script import ScriptRunner  # noqa: E402
+from loadertune.trials.script.runner import ScriptRunner  # noqa: E402
 
 LIMITS = Limits(timeout_s=120, startup_s=60, hang_s=10)
 

@@ -76,8 +76,8 @@ def truth(bs: int, workers: int, pf: int, epochs: int = 5) -> list[float]:
 def trials(bs: int, workers: int, pf: int, n: int = 3) -> list[float]:
     """Samples/s of ``n`` whole-epoch trials of the setting, in one launch of the example."""
     from loadertune.config import Config
-    from loadertune.trials.runner import Limits, window_for
-    from loadertune.trials.script import ScriptRunner
+    from loadertune.trials.contract import Limits, window_for
+    from loadertune.trials.script.runner import ScriptRunner
 
     config = Config(bs, workers, pf if workers else None, False, workers > 0)
     runner = ScriptRunner(EXAMPLE, ["--epochs", "6"])

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadertune import hardware
 from loadertune.config import Config
 from loadertune.trials import Limits, window_for
-from loadertune.trials.script import ScriptRunner
+from loadertune.trials.script.runner import ScriptRunner
 
 import benchlib
 

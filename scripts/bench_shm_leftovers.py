@@ -4,7 +4,7 @@ Each round starts a process in a session of its own that iterates a DataLoader w
 making large batches (the shape of a script trial), lets it run a moment, and ends its group:
 ``plain`` with one ``os.killpg(SIGKILL)`` (what a trial's end did before
 :mod:`loadertune.trials.leftovers`), ``kill_group`` with
-:func:`loadertune.trials.processes.kill_group`.
+:func:`loadertune.trials.script.processes.kill_group`.
 The two alternate, round by round. Counted: files ``/dev/shm/torch_<pid>_*`` named after any
 process of the killed group that are still there a moment later, and their bytes. A ``plain``
 round's files are removed by this script after counting.
@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from loadertune.trials import leftovers  # noqa: E402
-from loadertune.trials.processes import group_members, kill_group  # noqa: E402
+from loadertune.trials.script.processes import group_members, kill_group  # noqa: E402
 
 CHILD = """
 import sys, torch

@@ -7,7 +7,7 @@ workers, ``prefetch_factor`` 8) with the meter's window after each warm-up, inte
 time:
 
 * ``drain``: ``workers x prefetch_factor + 1`` batches;
-* ``round``: ``workers + 1`` batches (:func:`loadertune.trials.runner.window_for` for a
+* ``round``: ``workers + 1`` batches (:func:`loadertune.trials.contract.window_for` for a
   process's first setting);
 * ``one``: 1 batch (for a setting that takes over a loop already running);
 * ``steady``: 120 batches, far past any start-up: the reference.

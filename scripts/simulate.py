@@ -130,10 +130,10 @@ from loadertune.measure import failures, meter
 from loadertune.measure.failures import Failure
 from loadertune.measure.meter import Measurement, WindowSpec
 from loadertune.measure.resources import ResourceUsage
-from loadertune.recommendation import build_recommendation
+from loadertune.results.recommendation import build_recommendation
 from loadertune.search import Search, SearchOutcome, SearchSettings
 from loadertune.search.space import DEFAULT_PREFETCH_FACTORS, MAX_WORKERS_HARD
-from loadertune.trials.runner import BaseRunner, Limits, ShouldStop, TrialResult, window_for
+from loadertune.trials.contract import BaseRunner, Limits, ShouldStop, TrialResult, window_for
 
 MODES = ("inline", "script")
 CPU_CHOICES = (1, 2, 4, 8, 16, 32)
@@ -633,7 +633,7 @@ class SimRunner(BaseRunner):
         ends_by = getattr(limits, "ends_by", None)  # (older commits' Limits have none)
         if ends_by is not None and self.clock.now + wall > ends_by:  # the supervisor cuts it
             from loadertune.measure.failures import FailureKind  # (CUT: as ends_by)
-            from loadertune.trials.runner import cut
+            from loadertune.trials.contract import cut
 
             at = max(0.0, ends_by - self.clock.now)
             why = f"stopped at the search's deadline, {at:.0f} s into the trial"

@@ -27,7 +27,7 @@ from torch.utils.data import Dataset, get_worker_info
 from loadertune.config import Config
 from loadertune.trials import Limits, window_for
 from loadertune.trials.inline import InlineRunner
-from loadertune.trials.script import ScriptRunner
+from loadertune.trials.script.runner import ScriptRunner
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,5 @@
-"""Tests of loadertune.analysis: bottleneck thresholds, GPU histogram, per-setting evidence."""
+"""Tests of loadertune.results.analysis: bottleneck thresholds, GPU histogram, per-setting
+evidence."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ import torch
 from torch.utils.data import Dataset
 
 from loadertune import tune_loader
-from loadertune.analysis import ceilings, describe_trial, gpu_histogram
 from loadertune.config import Config
 from loadertune.measure.failures import Failure
 from loadertune.measure.meter import Measurement
 from loadertune.measure.resources import ResourceUsage
+from loadertune.results.analysis import ceilings, describe_trial, gpu_histogram
 from loadertune.search.probe import Estimates
 from loadertune.search.stop import (
     COMPUTE_BOUND_GAIN,
@@ -319,8 +320,8 @@ def test_more_workers_than_cpus_names_a_cause_only_where_the_probe_saw_it() -> N
     import dataclasses as dc
     from types import SimpleNamespace
 
-    from loadertune.analysis import _advise_oversubscribed
     from loadertune.hardware import detect
+    from loadertune.results.analysis import _advise_oversubscribed
 
     hw = detect()
     winner = Config(32, hw.usable_cpus + 3, 2)
@@ -339,8 +340,8 @@ def test_others_share_of_the_cpus_is_a_median_and_unknown_under_a_quota() -> Non
     import os
     from types import SimpleNamespace
 
-    from loadertune.analysis import others_cpu_percent
     from loadertune.hardware import detect
+    from loadertune.results.analysis import others_cpu_percent
 
     cpus = len(os.sched_getaffinity(0))
     trials = [_ok(1000.0, 0.1) for _ in range(3)]

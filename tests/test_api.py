@@ -123,7 +123,7 @@ def test_an_empty_dataset_is_refused() -> None:
 def test_load_recommendation_says_what_the_file_has(tmp_path) -> None:
     with pytest.raises(NoRecommendationError, match="does not exist"):
         load_recommendation(tmp_path / "missing.json")
-    from loadertune import store
+    from loadertune.results import store
 
     store.save_entry(tmp_path / "rec.json", "other-box", {"loader_kwargs": {"batch_size": 8}})
     with pytest.raises(NoRecommendationError, match=r"no entry for this machine.*other-box"):
@@ -135,7 +135,7 @@ def test_load_recommendation_says_what_the_file_has(tmp_path) -> None:
 
 def test_load_recommendation_picks_this_workloads_entry(tmp_path) -> None:
     """Issue 14: one entry per machine and workload; a dataset names its own."""
-    from loadertune import store
+    from loadertune.results import store
 
     path = tmp_path / "rec.json"
     tensors, sleepy = TensorDataset(n=8), SleepDataset(n=8)

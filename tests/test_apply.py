@@ -8,10 +8,10 @@ from pathlib import Path
 
 from torch.utils.data import DataLoader
 
-from loadertune.trials.apply import ApplySaved, SavedEntry
-from loadertune.trials.identity import LoaderRecord
+from loadertune.trials.inside.apply_saved import ApplySaved, SavedEntry
+from loadertune.trials.inside.identity import LoaderRecord
+from loadertune.trials.inside.patch import patched
 from loadertune.trials.lifeline import DieWithTrial
-from loadertune.trials.patch import patched
 
 SCRIPT = textwrap.dedent("""
     from torch.utils.data import DataLoader
@@ -153,7 +153,7 @@ def test_what_runs_the_script_is_not_part_of_a_loaders_key(tmp_path, monkeypatch
     from a console script or `python -m`): `run` must find the loader a search keyed."""
     import sys
 
-    from loadertune.trials.child import run_as_main
+    from loadertune.trials.inside.child import run_as_main
 
     monkeypatch.setattr(sys, "argv", list(sys.argv))  # run_as_main sets both
     monkeypatch.setattr(sys, "path", list(sys.path))
@@ -339,7 +339,7 @@ def test_a_frameworks_other_loader_at_the_same_line_is_named_as_such() -> None:
     """A Trainer builds its training and its evaluation loader from one line of the user's
     (``trainer.train()``): the evaluation loader is left alone as created by other code, not
     told its code "reads otherwise now than when it was measured" (and to search again)."""
-    from loadertune.trials.identity import LoaderRecord
+    from loadertune.trials.inside.identity import LoaderRecord
 
     site = "train.py:52"
     train_key = ("transformers/trainer.py:get_train_dataloader", site, "train.py:60")

@@ -463,7 +463,7 @@ def test_a_winner_the_confirmation_never_measured_is_not_called_clearly_faster()
     the baseline's) is "within the noise"; a winner whose every sub-window beats every one of the
     baseline's is clearly faster, as the confirmation would decide on a tight budget."""
     from loadertune.hardware import detect
-    from loadertune.recommendation import build_recommendation
+    from loadertune.results.recommendation import build_recommendation
 
     hw = detect()
     lucky = _explored_winner(176.0, [105.0, 300.0, 200.0, 99.0])
@@ -491,8 +491,8 @@ def test_a_winner_of_one_short_window_and_no_rounds_is_not_confirmed_rather_than
     told the user that keeping their settings loses nothing). Two sub-windows each are
     compared, as before; so is a confirmation that measured the winner."""
     from loadertune.hardware import detect
-    from loadertune.recommendation import build_recommendation
-    from loadertune.report import noise_words, summary_lines
+    from loadertune.results.recommendation import build_recommendation
+    from loadertune.view.summary import noise_words, summary_lines
 
     hw = detect()
     once = build_recommendation(_explored_winner(1300.0, [1300.0]), hw, workload={})
@@ -517,8 +517,8 @@ def test_where_a_batch_sampler_decides_neither_setting_names_a_batch_size() -> N
     ("bs=sampler"), not "bs=1" beside it (a new user's table read "bs=1 w=0" against
     "bs=sampler w=2 pf=4", for batches of 32)."""
     from loadertune.hardware import detect
-    from loadertune.recommendation import build_recommendation
-    from loadertune.report import summary_rows
+    from loadertune.results.recommendation import build_recommendation
+    from loadertune.view.summary import summary_rows
 
     base = _result(A, 100.0)
     base.phase = "baseline"
@@ -545,7 +545,7 @@ def test_on_a_busy_machine_only_rounds_say_clearly_faster() -> None:
 
     from loadertune.hardware import detect
     from loadertune.measure.resources import ResourceUsage
-    from loadertune.recommendation import build_recommendation
+    from loadertune.results.recommendation import build_recommendation
 
     cpus = len(os.sched_getaffinity(0))
     hw = dc.replace(detect(), cpu_quota=None)
@@ -580,8 +580,8 @@ def test_a_baseline_whose_round_the_deadline_cut_keeps_its_figures_and_the_speed
     short epochs ended): the summary still has the baseline's figures, from its own trial, and
     the speed-up; they had read "-" with no speed-up."""
     from loadertune.hardware import detect
-    from loadertune.recommendation import build_recommendation
-    from loadertune.trials import runner
+    from loadertune.results.recommendation import build_recommendation
+    from loadertune.trials import contract as runner
 
     base = _result(A, 100.0)
     base.phase = "baseline"

@@ -20,8 +20,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from loadertune.config import Config
-from loadertune.trials import _torch_internals as _internals
 from loadertune.trials import loader as dl
+from loadertune.trials import torch_internals as _internals
 
 from workloads import TensorDataset
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from torch.utils.data import DataLoader
 
-from loadertune.trials.epochs import EpochLengths
+from loadertune.trials.inside.epochs import EpochLengths
 
 
 def _epoch(lengths: EpochLengths, loader: DataLoader, take: int | None) -> None:

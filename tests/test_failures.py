@@ -506,7 +506,7 @@ def test_a_trial_process_gone_before_it_is_watched_is_an_empty_tree() -> None:
 
 
 def test_a_script_that_printed_nothing_gets_no_empty_output_section() -> None:
-    from loadertune.trials.reported import with_output
+    from loadertune.trials.script.reported import with_output
 
     assert with_output("advice", "") == "advice"
     assert with_output("advice", "  \n") == "advice"
@@ -519,7 +519,7 @@ def test_a_window_that_received_no_batch_is_a_failure_not_a_rate_of_zero() -> No
     from test_report import _measurement
 
     from loadertune.config import Config
-    from loadertune.trials.runner import TrialResult, empty_window
+    from loadertune.trials.contract import TrialResult, empty_window
 
     def result(rate: float) -> TrialResult:
         m = dataclasses.replace(_measurement(rate), window_s=0.75)

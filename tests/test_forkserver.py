@@ -18,8 +18,8 @@ from loadertune.config import Config
 from loadertune.errors import ConfigError
 from loadertune.search import SearchSettings
 from loadertune.trials import Limits, window_for
-from loadertune.trials.forkserver import ForkServer, _unsafe_to_fork, installed_imports
-from loadertune.trials.script import ScriptRunner
+from loadertune.trials.script.forkserver import ForkServer, _unsafe_to_fork, installed_imports
+from loadertune.trials.script.runner import ScriptRunner
 
 SCRIPTS = Path(__file__).parent / "scripts"
 LIMITS = Limits(timeout_s=60, startup_s=30, hang_s=5)

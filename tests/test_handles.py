@@ -13,7 +13,7 @@ from torch.utils.data import ConcatDataset, Dataset, Subset
 from loadertune.config import Config
 from loadertune.trials import Limits, handles, window_for
 from loadertune.trials.inline import InlineRunner
-from loadertune.trials.script import ScriptRunner
+from loadertune.trials.script.runner import ScriptRunner
 
 SCRIPTS = Path(__file__).parent / "scripts"
 

@@ -15,10 +15,10 @@ from loadertune.config import Config
 from loadertune.measure import failures
 from loadertune.measure.failures import FailureKind
 from loadertune.measure.meter import WindowSpec
-from loadertune.trials import _torch_internals as _internals
-from loadertune.trials.hotswap import HotSwap, Outcome, Step, why_not
-from loadertune.trials.runner import window_for
-from loadertune.trials.segment import EpochOrder
+from loadertune.trials import torch_internals as _internals
+from loadertune.trials.contract import window_for
+from loadertune.trials.hotswap.segment import EpochOrder
+from loadertune.trials.hotswap.swap import HotSwap, Outcome, Step, why_not
 
 pytestmark = pytest.mark.slow
 

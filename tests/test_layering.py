@@ -12,34 +12,32 @@ import pytest
 PACKAGE = Path(__file__).parent.parent / "loadertune"
 
 # Lower ranks are imported by higher ones, never the other way. Modules of one subpackage share
-# a rank and may import each other (no cycles among them either).
+# a rank and may import each other (no cycles among them either). docs/architecture.md draws it.
 RANKS = {
     "loadertune.errors": 0,
     "loadertune.units": 0,
     "loadertune.tracebacks": 0,
     "loadertune.signals": 0,  # Ctrl-C held over a fork or a write
     "loadertune.config": 1,
-    "loadertune.store": 1,
-    "loadertune.workload_keys": 1,  # the store's keys
+    "loadertune.results.store": 1,  # the recommendation file: read by the trials of `run`
+    "loadertune.results.keys": 1,  # the store's keys
     "loadertune.measure": 2,
     "loadertune.hardware": 3,
-    "loadertune.trials": 4,
-    "loadertune.trials.processes": 4,  # a script's trial processes: started, killed, their logs
-    "loadertune.trials.reported": 4,  # the failures a script trial reports, in words
-    "loadertune.search": 5,
-    "loadertune.search.opening": 5,  # the driver's opening (baseline, probe, resume): beside it
-    "loadertune.analysis": 6,
-    "loadertune.recommendation": 7,
-    "loadertune.report": 8,
-    "loadertune.plots": 8,
-    "loadertune.api": 9,
-    "loadertune.saved": 9,
-    "loadertune.doctor": 9,
-    "loadertune.tuning": 10,  # runs searches (api) and saved settings (saved)
-    "loadertune.cli": 11,
-    "loadertune.integrations": 11,  # each imports its framework (an optional dependency)
-    "loadertune": 12,  # the package's __init__: the public face
-    "loadertune.__main__": 13,
+    "loadertune.trials": 4,  # the runner contract, in-process trials, what both sides share
+    "loadertune.trials.inside": 5,  # runs inside the user's process
+    "loadertune.trials.hotswap": 5,  # so does this; the two use each other (no module cycle)
+    "loadertune.trials.script": 6,  # the search's side of script trials: starts `inside.child`
+    "loadertune.search": 7,
+    "loadertune.search.opening": 7,  # the driver's opening (baseline, probe, resume): beside it
+    "loadertune.results.analysis": 8,
+    "loadertune.results.recommendation": 9,
+    "loadertune.view": 10,  # what the user sees: summary, live view, HTML report
+    "loadertune.api": 11,  # the ways in; `api.tuned` runs searches and saved settings
+    "loadertune.doctor": 11,
+    "loadertune.cli": 12,
+    "loadertune.integrations": 12,  # each imports its framework (an optional dependency)
+    "loadertune": 13,  # the package's __init__: the public face
+    "loadertune.__main__": 14,
 }
 
 
@@ -107,4 +105,4 @@ def test_no_import_cycle() -> None:
 
 def test_the_graph_is_read() -> None:
     assert "loadertune.trials" in GRAPH["loadertune.search.driver"]
-    assert "loadertune.search" in GRAPH["loadertune.api"]
+    assert "loadertune.search" in GRAPH["loadertune.api.tune"]

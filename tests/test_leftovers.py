@@ -17,7 +17,7 @@ import pytest
 
 from loadertune.trials import leftovers
 from loadertune.trials.inline import kill_new_children
-from loadertune.trials.processes import group_members, kill_group
+from loadertune.trials.script.processes import group_members, kill_group
 
 pytestmark = [
     pytest.mark.slow,
@@ -146,7 +146,7 @@ def test_a_worker_killed_during_a_trial_leaves_no_file_but_older_processes_keep_
     """The OOM killer ends a worker mid-batch, not loadertune: the supervisor removes what the
     trial's dead processes left when the trial ends, and leaves alone those of processes that
     were there before the trial (a user's own, in an in-process trial)."""
-    from loadertune.trials.runner import Limits
+    from loadertune.trials.contract import Limits
     from loadertune.trials.supervisor import Supervisor
 
     tag = str(time.monotonic_ns())
@@ -384,7 +384,7 @@ def test_a_search_and_a_run_sweep_as_they_start(
     """tune_loader (every search goes through run_search) and `loadertune run` (through
     run_patched) each remove what a killed one left."""
     from loadertune import tune_loader
-    from loadertune.saved import run_script
+    from loadertune.api.saved import run_script
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     left = _left_by_a_killed_process(tmp_path)

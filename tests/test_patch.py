@@ -9,9 +9,9 @@ import pytest
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
 from loadertune.config import Config
+from loadertune.trials.inside.patch import LoaderRecord, matches_site, patched
 from loadertune.trials.loader import apply_settings
 from loadertune.trials.messages import NO_BATCHING
-from loadertune.trials.patch import LoaderRecord, matches_site, patched
 
 
 class Recorder:
@@ -165,7 +165,7 @@ def test_call_sites_survive_a_loadertune_folder_in_the_working_directory(tmp_pat
     )
     probe = textwrap.dedent(f"""
         import runpy
-        from loadertune.trials.patch import patched
+        from loadertune.trials.inside.patch import patched
 
         class Rec:
             def on_create(self, record, arguments):

@@ -15,8 +15,8 @@ import pytest
 from loadertune import tune_loader
 from loadertune.errors import ConfigError, NoRecommendationError
 from loadertune.hardware import current_key
-from loadertune.plots import data as plot_data
-from loadertune.plots import load, write_report
+from loadertune.view.html import data as plot_data
+from loadertune.view.html import load, write_report
 
 from workloads import SleepDataset
 

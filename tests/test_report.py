@@ -1,4 +1,5 @@
-"""Tests of loadertune.report: the per-trial line, the tables, the plain (non-terminal) view."""
+"""Tests of loadertune.view.summary: the per-trial line, the tables, the plain (non-terminal)
+view."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from loadertune.config import Config
 from loadertune.hardware import Hardware
 from loadertune.measure.failures import Failure
 from loadertune.measure.meter import Measurement
-from loadertune.recommendation import Recommendation
-from loadertune.report import (
+from loadertune.results.recommendation import Recommendation
+from loadertune.trials import TrialResult
+from loadertune.view.summary import (
     LiveView,
     print_summary,
     summary_lines,
@@ -21,7 +23,6 @@ from loadertune.report import (
     trial_line,
     trials_table,
 )
-from loadertune.trials import TrialResult
 
 
 def _measurement(rate: float, blocked: float = 0.25, sub: list[float] | None = None) -> Measurement:
@@ -525,7 +526,7 @@ def test_a_result_reads_back_whole_and_a_kept_one_says_so() -> None:
 def test_a_piped_console_is_wide_enough_for_a_settings_label(monkeypatch) -> None:
     """Piped (a log, CI), rich would wrap a table's 'bs=32 w=7 pf=4 pin persist' at 80 columns;
     COLUMNS still decides where it is set."""
-    from loadertune.report import PIPED_WIDTH, plain_console
+    from loadertune.view.summary import PIPED_WIDTH, plain_console
 
     monkeypatch.delenv("COLUMNS", raising=False)
     assert plain_console().width == PIPED_WIDTH

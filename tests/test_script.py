@@ -712,7 +712,7 @@ def test_a_loader_created_again_is_seen_by_a_hot_swapped_trial(tmp_path: Path) -
     launch. A hot-swapped trial said it had served one loader however many it had, so the
     search never learnt it (and went on searching persistent workers, which die with each
     loader)."""
-    from loadertune.trials.runner import TrialRequest
+    from loadertune.trials.contract import TrialRequest
 
     script = tmp_path / "new_loader_every_epoch.py"
     script.write_text(

@@ -1,4 +1,5 @@
-"""Tests of loadertune.store: reading, merging and atomically replacing the recommendation file."""
+"""Tests of loadertune.results.store: reading, merging and atomically replacing the recommendation
+file."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from pathlib import Path
 import pytest
 
 import loadertune
-from loadertune import store
 from loadertune.errors import NoRecommendationError, PartialNotSaved, RecommendationFileError
+from loadertune.results import store
 
 
 def _entry(bs: int = 64, **extra: object) -> dict[str, object]:
@@ -420,8 +421,8 @@ def test_entry_for_entry_without_loader_kwargs(tmp_path: Path) -> None:
 
 _N_SAVES = 100
 
-# Loads loadertune.store without the package's __init__ (which imports torch and optuna), so each
-# child starts in a fraction of a second. The code under test is the same file.
+# Loads loadertune.results.store without the package's __init__ (which imports torch and optuna),
+# so each child starts in a fraction of a second. The code under test is the same file.
 _CHILD = textwrap.dedent(
     """
     import os, sys, time, types

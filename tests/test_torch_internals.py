@@ -1,7 +1,7 @@
 """The private torch and multiprocessing names loadertune relies on are all there.
 
 When this fails after a torch upgrade, the message names what is gone; the header of
-``loadertune/trials/_torch_internals.py`` says what each name is for and what breaks without it.
+``loadertune/trials/torch_internals.py`` says what each name is for and what breaks without it.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import torch
 from torch.utils.data import DataLoader
 from torch.utils.data._utils import MP_STATUS_CHECK_INTERVAL
 
-from loadertune.trials import _torch_internals as internals
+from loadertune.trials import torch_internals as internals
 
 
 def test_every_private_name_used_is_in_the_installed_torch() -> None:
     assert internals.missing() == [], (
         f"torch {torch.__version__} lacks {internals.missing()}: see the header of "
-        "loadertune/trials/_torch_internals.py for what each is used for"
+        "loadertune/trials/torch_internals.py for what each is used for"
     )
 
 

@@ -19,13 +19,13 @@ import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from loadertune import hardware, tuned
-from loadertune.api.tuned import TunedLoader
+from loadertune.api.live import TunedLoader
 from loadertune.config import Config
 from loadertune.errors import ConfigError
 from loadertune.results import store
 from loadertune.search import SearchSettings
 from loadertune.trials import Limits, TrialResult, window_for
-from loadertune.trials.hotswap.live import LiveConductor, LiveRunner
+from loadertune.trials.hotswap.live_runner import LiveConductor, LiveRunner
 from loadertune.trials.hotswap.swap import HotSwap
 
 SCRIPTS = Path(__file__).parent / "scripts"

@@ -3,14 +3,14 @@
 The training starts with the saved settings (``loadertune run --tune``) or its own, and its first
 ``budget_s`` seconds double as the search: the same search as ``loadertune search`` (baseline,
 probe, exploration, interleaved confirmation; no replay), in a thread of the training process,
-each setting measured on the training loop itself (:mod:`loadertune.trials.live`). The batch size
-stays the loop's own unless ``batch_sizes`` allows others (a batch size changes the
+each setting measured on the training loop itself (:mod:`loadertune.trials.hotswap.live_runner`).
+The batch size stays the loop's own unless ``batch_sizes`` allows others (a batch size changes the
 optimisation: scale the learning rate with it), and from the moment the script asks the
 loader's length (a schedule or a step count sized by it: ``LiveConductor._length_asked``). Then
 the winner runs to the end of the training and is saved to the recommendation file under this
 machine's key, where ``loadertune run`` and :func:`~loadertune.load_recommendation` find it.
 Every batch is a real training batch, each sample handed over once per epoch (see
-:mod:`loadertune.trials.hotswap` for how, and what differs from an untuned run); a failing
+:mod:`loadertune.trials.hotswap.swap` for how, and what differs from an untuned run); a failing
 setting gives way to the last good one; a bad record that setting cannot load either goes to the
 loop, as torch raises it, and the trial goes on (``HotSwap._bad_record``).
 """
@@ -24,21 +24,23 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from loadertune import api, hardware, saved, store
+from loadertune import hardware
+from loadertune.api import saved, tune
 from loadertune.config import Config, normalize_batch_sizes
 from loadertune.errors import ConfigError, LoadertuneError, SearchInterrupted
-from loadertune.report import noise_words, trial_line
+from loadertune.results import store
 from loadertune.search import SearchSettings
 from loadertune.trials import TrialResult
-from loadertune.trials.identity import target_line
+from loadertune.trials.inside.identity import target_line
+from loadertune.view.summary import noise_words, trial_line
 
 if TYPE_CHECKING:  # torch's DataLoader machinery is imported when a tuning starts
     from torch.utils.data import DataLoader
 
-    from loadertune.trials.apply import ApplySaved, SavedEntry
-    from loadertune.trials.hotswap import HotSwap
-    from loadertune.trials.identity import LoaderRecord
-    from loadertune.trials.patch import OriginalIter
+    from loadertune.trials.hotswap.swap import HotSwap
+    from loadertune.trials.inside.apply_saved import ApplySaved, SavedEntry
+    from loadertune.trials.inside.identity import LoaderRecord
+    from loadertune.trials.inside.patch import OriginalIter
 
 Report = Callable[[str], None]
 
@@ -91,7 +93,7 @@ class Tuner:
         self.out = out
         self.workload = workload
         self.report = report
-        from loadertune.trials.live import LiveConductor, LiveRunner
+        from loadertune.trials.hotswap.live_runner import LiveConductor, LiveRunner
 
         self.runner = LiveRunner()
         self.conductor = LiveConductor(self.runner, report)
@@ -104,7 +106,7 @@ class Tuner:
     def epoch(self, loader: DataLoader[Any], original: OriginalIter | None = None) -> Iterator[Any]:
         """What iterating ``loader`` returns: the first call starts the tuning."""
         from loadertune.trials import loader as dl
-        from loadertune.trials.hotswap import HotSwap, why_not
+        from loadertune.trials.hotswap.swap import HotSwap, why_not
 
         if self.swap is None and not self.untuned:
             why = why_not(loader) or self._shared_handles(loader)
@@ -156,7 +158,7 @@ class Tuner:
         when it cannot be (another batch size: a schedule of batch sizes is the script's own),
         leave it and every later one as the script builds them, the search stopped there."""
         from loadertune.trials import loader as dl
-        from loadertune.trials.hotswap import why_not
+        from loadertune.trials.hotswap.swap import why_not
 
         assert self.swap is not None
         why = why_not(loader)
@@ -176,7 +178,7 @@ class Tuner:
         """The search, in its own thread; the winner goes to the loop and to the file."""
         workload = {**self.workload, **self._found()}
         try:
-            rec = api.run_search(
+            rec = tune.run_search(
                 self.runner,
                 baseline=None,
                 batch_sizes=self.batch_sizes,
@@ -256,7 +258,7 @@ class TunedLoader:
         return self.tuner.epoch(self.loader)
 
     def __len__(self) -> int:
-        from loadertune.trials.patch import mark_length_asked
+        from loadertune.trials.inside.patch import mark_length_asked
 
         mark_length_asked(self.loader)  # the batch size stays the loader's own from now on
         return len(self.loader)
@@ -320,7 +322,7 @@ def tuned(
 
 def _settings(settings: SearchSettings | None, budget_s: float, study: str) -> SearchSettings:
     base = settings or SearchSettings()
-    return api.resolved_settings(
+    return tune.resolved_settings(
         dataclasses.replace(base, budget_s=budget_s, resume=False, live=True),
         hardware.detect(),
         study_name=study,
@@ -352,7 +354,7 @@ class _TuneScript:
         loader: int | str | None,
         entry: SavedEntry | None = None,
     ) -> None:
-        from loadertune.trials.target import Selector
+        from loadertune.trials.inside.target import Selector
 
         self.tuner, self.apply, self.entry = tuner, apply, entry
         spec = {"index": loader} if isinstance(loader, int) else {"call_site": loader}
@@ -376,7 +378,7 @@ class _TuneScript:
                 key=list(record.identity),
                 lines=list(record.lines),
             )
-            from loadertune.trials.hotswap import why_not
+            from loadertune.trials.hotswap.swap import why_not
 
             self.apply.report(
                 ("loadertune: tuning " if why_not(loader) is None else "loadertune: found ")
@@ -392,7 +394,7 @@ class _TuneScript:
                     key=record.identity,
                 )
             )
-        from loadertune.trials.identity import same_key
+        from loadertune.trials.inside.identity import same_key
 
         # (a loader the script creates again, every epoch, has the key of the one first tuned)
         if self.target is None or not same_key(record.identity, self.target.identity):
@@ -446,8 +448,8 @@ class _TuneScript:
         gradients on, before the script makes its optimizer, is not tuned in place of the
         training loader (``search`` finds the loader that feeds the optimizer, by its
         steps)."""
-        from loadertune.trials.identity import same_key
-        from loadertune.trials.target import optimizer_exists
+        from loadertune.trials.inside.identity import same_key
+        from loadertune.trials.inside.target import optimizer_exists
 
         if self._optimizer_seen or optimizer_exists():
             self._optimizer_seen = True
@@ -478,8 +480,8 @@ def run_script_tuned(
     default: the saved entry's, else the first the script iterates). Returns the script's exit
     status; the script's own exceptions propagate.
     """
-    from loadertune.trials.apply import ApplySaved
-    from loadertune.trials.script import check_script
+    from loadertune.trials.inside.apply_saved import ApplySaved
+    from loadertune.trials.script.runner import check_script
 
     check_script(script)
     if not budget_s > 0:

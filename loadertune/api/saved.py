@@ -10,16 +10,17 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from loadertune import hardware, store
+from loadertune import hardware
 from loadertune.errors import (
     NoRecommendationError,
     RecommendationFileError,
     SearchInterrupted,
 )
+from loadertune.results import store
 
 if TYPE_CHECKING:
-    from loadertune.trials.apply import ApplySaved
-    from loadertune.trials.patch import Controller
+    from loadertune.trials.inside.apply_saved import ApplySaved
+    from loadertune.trials.inside.patch import Controller
 
 
 def current_world_size() -> int:
@@ -76,7 +77,7 @@ def apply_saved(
 ) -> ApplySaved:
     """The controller applying this machine's entries for ``script``, each to the loader it was
     measured on (its key, call site and dataset)."""
-    from loadertune.trials.apply import ApplySaved, SavedEntry
+    from loadertune.trials.inside.apply_saved import ApplySaved, SavedEntry
 
     workloads = store.entries_for(path, hardware.current_key())
     mine = store.of_script(workloads, script, file=path)
@@ -125,8 +126,8 @@ def run_script(
     entry for that world size applied (rank 0 reports).
     """
     from loadertune.errors import LoadertuneError
-    from loadertune.trials.apply import ApplySaved
-    from loadertune.trials.script import check_script
+    from loadertune.trials.inside.apply_saved import ApplySaved
+    from loadertune.trials.script.runner import check_script
 
     check_script(script)
     if nproc_per_node is not None:
@@ -152,8 +153,8 @@ def run_patched(
     lines ``said_at_end()`` gives are reported however the script ends. Returns its exit
     status; its own exceptions propagate."""
     from loadertune.trials import leftovers
-    from loadertune.trials.child import run_as_main
-    from loadertune.trials.patch import patched
+    from loadertune.trials.inside.child import run_as_main
+    from loadertune.trials.inside.patch import patched
 
     leftovers.sweep()  # what an earlier run or search, killed, left in /tmp
     leftovers.own_temp_dir()  # this one's (a forkserver's socket) goes too, should it be killed
@@ -181,12 +182,12 @@ def _run_ranks(
     import subprocess
     import sys
 
-    from loadertune.trials.launch import PARENT_ENV
+    from loadertune.trials.script.launch import PARENT_ENV
 
     command = [
         sys.executable,
         "-m",
-        "loadertune.trials.launch",
+        "loadertune.trials.script.launch",
         "--standalone",
         f"--nproc-per-node={nproc_per_node}",
         "--module",
@@ -210,8 +211,8 @@ def save_partial(
 ) -> str | None:
     """After an interrupted search, merge its best setting so far into ``path``, marked
     ``"partial": true``; ``run_ended``: not interrupted, but a tuning whose training run ended
-    first (:func:`loadertune.store.partial_why` says which). Returns the path, or None when no
-    trial had finished.
+    first (:func:`loadertune.results.store.partial_why` says which). Returns the path, or None when
+    no trial had finished.
 
     Raises:
         PartialNotSaved: the file holds a complete entry for this machine and workload, which

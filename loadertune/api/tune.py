@@ -2,7 +2,7 @@
 
 Each entry point checks its inputs, builds one :class:`~loadertune.search.SearchSettings`, hands
 a trial runner to the search, and turns the outcome into a
-:class:`~loadertune.recommendation.Recommendation`.
+:class:`~loadertune.results.recommendation.Recommendation`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from loadertune.errors import (
     UserCodeError,
 )
 from loadertune.hardware import Hardware
-from loadertune.recommendation import (
+from loadertune.results.recommendation import (
     Recommendation,
     build_recommendation,
     interrupted_as_it_finished,
@@ -251,7 +251,7 @@ def tune_loader(
     runner = InlineRunner(dataset, step=step, fixed=loader_kwargs)
     observer = None
     if verbose:
-        from loadertune.report import LiveView
+        from loadertune.view.summary import LiveView
 
         observer = LiveView()
     workload = {
@@ -272,7 +272,7 @@ def tune_loader(
             hide_batch_size="batch_sampler" in loader_kwargs,
         )
     if verbose:
-        from loadertune.report import print_summary
+        from loadertune.view.summary import print_summary
 
         print_summary(rec)
     return rec
@@ -310,8 +310,8 @@ def tune_script(
         >>> rec = tune_script("train.py", ["--epochs", "3"], settings=SearchSettings(budget_s=60))
         >>> rec.save("loadertune.json")
     """
-    from loadertune.trials.ranks import RankedScriptRunner
-    from loadertune.trials.script import ScriptRunner
+    from loadertune.trials.script.ranks import RankedScriptRunner
+    from loadertune.trials.script.runner import ScriptRunner
 
     hw = hardware.detect()
     sizes = () if batch_size is None else normalize_batch_sizes(batch_size)

@@ -1,14 +1,14 @@
 """``loadertune report``: the HTML page (and PNG images) of an entry (the work is in
-:mod:`loadertune.plots`)."""
+:mod:`loadertune.view.html`)."""
 
 from __future__ import annotations
 
 import click
 
-from loadertune import plots
 from loadertune.cli._common import fail, file_option
 from loadertune.errors import LoadertuneError
-from loadertune.report import plain_console
+from loadertune.view import html
+from loadertune.view.summary import plain_console
 
 
 @click.command()
@@ -46,10 +46,10 @@ def report(
     utilization, the search over time, failures and advice. `loadertune show` lists the
     entries."""
     try:
-        data = plots.load(
+        data = html.load(
             path, machine=machine, workload=workload, study=study_name, storage=storage
         )
-        written = plots.write_report(data, out, png_dir=png_dir)
+        written = html.write_report(data, out, png_dir=png_dir)
     except LoadertuneError as exc:
         fail(exc)
     console = plain_console()

@@ -1,6 +1,6 @@
 """``loadertune run``: run a script for real with the saved settings (the work is in
-:func:`loadertune.saved.run_script`), or tune it while it trains (``--tune``:
-:func:`loadertune.tuning.run_script_tuned`)."""
+:func:`loadertune.api.saved.run_script`), or tune it while it trains (``--tune``:
+:func:`loadertune.api.live.run_script_tuned`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from types import TracebackType
 
 import click
 
-from loadertune import saved, tracebacks
+from loadertune import tracebacks
+from loadertune.api import saved
 from loadertune.cli._common import (
     ScriptCommand,
     batch_sizes_option,
@@ -23,7 +24,7 @@ from loadertune.cli._common import (
     nproc_option,
 )
 from loadertune.errors import LoadertuneError
-from loadertune.trials.reported import LAUNCHER_ENV
+from loadertune.trials.script.reported import LAUNCHER_ENV
 
 
 @click.command(cls=ScriptCommand, context_settings={"ignore_unknown_options": False})
@@ -70,7 +71,7 @@ def run(
     report = lambda line: err.print(line, soft_wrap=True)  # noqa: E731
     try:
         if tune:
-            from loadertune.tuning import run_script_tuned
+            from loadertune.api.live import run_script_tuned
 
             code = run_script_tuned(
                 script,
@@ -126,7 +127,7 @@ def script_traceback(exc: BaseException, script: str) -> str | None:
     return tracebacks.trim(text).text
 
 
-# From this file, not loadertune.__file__: see loadertune.trials.identity.PACKAGE_DIR.
+# From this file, not loadertune.__file__: see loadertune.trials.inside.identity.PACKAGE_DIR.
 _PACKAGE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "")
 
 

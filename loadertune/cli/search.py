@@ -14,7 +14,8 @@ from typing import Any, NoReturn
 import click
 from rich.console import Console
 
-from loadertune import api, plots, saved, store
+from loadertune import api
+from loadertune.api import saved
 from loadertune.cli._common import (
     ScriptCommand,
     batch_sizes_option,
@@ -32,9 +33,11 @@ from loadertune.errors import (
     RecommendationFileError,
     SearchInterrupted,
 )
-from loadertune.recommendation import Recommendation
-from loadertune.report import LiveView, plain_console, print_summary
+from loadertune.results import store
+from loadertune.results.recommendation import Recommendation
 from loadertune.search import SearchSettings
+from loadertune.view import html
+from loadertune.view.summary import LiveView, plain_console, print_summary
 
 
 class _Terminated(KeyboardInterrupt):
@@ -211,7 +214,7 @@ def _check_before(out: str, *, force: bool, report_path: str | None) -> None:
         )
     store.check_writable(out)  # so are a read-only file and a folder that cannot be written
     if report_path is not None:
-        plots.check_installed()
+        html.check_installed()
 
 
 def _interrupted(exc: SearchInterrupted, out: str, *, save_partial: bool, force: bool) -> NoReturn:
@@ -238,12 +241,12 @@ def _interrupted(exc: SearchInterrupted, out: str, *, save_partial: bool, force:
 def _write_report(rec: Recommendation, path: str, report_path: str, console: Console) -> None:
     """``--report``: the HTML page of the entry just saved."""
     try:
-        data = plots.load(
+        data = html.load(
             path,
             machine=rec.hardware.key,
             workload=store.workload_key(rec.workload, file=path),
         )
-        plots.write_report(data, report_path)
+        html.write_report(data, report_path)
     except LoadertuneError as exc:
         fail(exc)
     console.print(f"report written to {report_path}", highlight=False, soft_wrap=True)

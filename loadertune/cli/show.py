@@ -10,11 +10,12 @@ import click
 from rich.console import Console
 from rich.text import Text
 
-from loadertune import hardware, store
+from loadertune import hardware
 from loadertune.cli._common import err, fail
 from loadertune.config import kwargs_label
 from loadertune.errors import LoadertuneError
-from loadertune.report import noise_words, plain_console
+from loadertune.results import store
+from loadertune.view.summary import noise_words, plain_console
 
 
 @click.command()

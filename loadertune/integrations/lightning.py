@@ -30,10 +30,10 @@ import lightning.pytorch as pl
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 
 from loadertune.api import tune_loader
+from loadertune.api.saved import load_recommendation
 from loadertune.config import Config, kwargs_label
 from loadertune.errors import ConfigError, NoRecommendationError
-from loadertune.recommendation import Recommendation
-from loadertune.saved import load_recommendation
+from loadertune.results.recommendation import Recommendation
 from loadertune.trials import loader as dl
 
 

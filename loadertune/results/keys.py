@@ -2,7 +2,7 @@
 (what was tuned), and a workload key names the script, relative to the file's folder, and the
 line that creates its loader (``script train.py:42``), or the dataset's type for ``tune_loader``
 (``dataset mypkg.data.Images``); one tuned with several ranks says how many
-(``script train.py:42 [2 ranks]``). :mod:`loadertune.store` files entries under these keys.
+(``script train.py:42 [2 ranks]``). :mod:`loadertune.results.store` files entries under these keys.
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from loadertune import analysis, store
 from loadertune.errors import SearchInterrupted
 from loadertune.hardware import Hardware
+from loadertune.results import analysis, store
 from loadertune.search import SearchOutcome
 from loadertune.trials import TrialResult
 
@@ -90,7 +90,7 @@ class Recommendation:
             overall winner may use another batch size; the learning rate then usually needs
             scaling with it).
         trials: one record per trial of this call (``params``, ``samples_per_s``, ``error``...).
-        diagnosis: the bottleneck and ceilings (see ``loadertune.analysis``); the keys
+        diagnosis: the bottleneck and ceilings (see ``loadertune.results.analysis``); the keys
             ``"bottleneck"`` and ``"ceiling_samples_per_s"`` are stable.
         hardware: the machine it was measured on.
         search: study name, storage, why the search stopped, time spent.

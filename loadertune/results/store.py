@@ -15,7 +15,7 @@ workload (what was tuned).
       }
     }
 
-A workload key (:func:`workload_key`, in :mod:`loadertune.workload_keys`) names the script,
+A workload key (:func:`workload_key`, in :mod:`loadertune.results.keys`) names the script,
 relative to the file's folder, and the line that creates its loader (``script train.py:42``), or
 the dataset's type for ``tune_loader`` (``dataset mypkg.data.Images``). Version 1 files (one entry
 per machine) are read as version 2, each entry under its own workload's key, and written back as
@@ -57,7 +57,7 @@ from loadertune.errors import (
     PartialNotSaved,
     RecommendationFileError,
 )
-from loadertune.workload_keys import (
+from loadertune.results.keys import (
     UNKNOWN_WORKLOAD,
     for_world_size,
     of_script,
@@ -93,7 +93,7 @@ LOCK_TIMEOUT_S = 30.0
 
 def partial_why(entry: dict[str, Any]) -> str | None:
     """Why ``entry`` holds a best-so-far, not a finished search (``"partial": true``, by
-    :func:`loadertune.saved.save_partial`), in words; None for a finished one."""
+    :func:`loadertune.api.saved.save_partial`), in words; None for a finished one."""
     if not entry.get("partial"):
         return None
     if (entry.get("search") or {}).get("stop_reason") == "run_ended":

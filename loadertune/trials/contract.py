@@ -1,7 +1,7 @@
 """What a trial runner takes (a setting, a window, limits) and gives back (a result).
 
 Two runners execute trials: :class:`loadertune.trials.inline.InlineRunner` (a dataset and a step
-in this process, for ``tune_loader``) and :class:`loadertune.trials.script.ScriptRunner` (an
+in this process, for ``tune_loader``) and :class:`loadertune.trials.script.runner.ScriptRunner` (an
 unmodified training script in its own process group, many settings per process where the loader
 allows it). A runner measures one setting (``run``) or several in turn (``run_many``: the same,
 one at a time, unless a runner has something better to do with a known sequence). Both report

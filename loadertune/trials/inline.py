@@ -6,7 +6,7 @@ forked trial could not run the user's step as it really runs. Trials therefore r
 user's training would, and are contained instead: a watchdog thread stops a hung trial or one over
 the memory budget by killing its workers (the loader then raises) and, as a last resort,
 interrupting the main thread; every worker the trial started is gone when it returns. Scripts get
-full process isolation in :mod:`loadertune.trials.script`.
+full process isolation in :mod:`loadertune.trials.script.runner`.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from loadertune.errors import UserCodeError
 from loadertune.measure.failures import Failure, FailureKind, classify_exception
 from loadertune.measure.meter import Meter, WindowSpec
 from loadertune.measure.resources import multiprocessing_helper
-from loadertune.trials import _torch_internals as _internals
 from loadertune.trials import handles, leftovers, lifeline
 from loadertune.trials import loader as dl
-from loadertune.trials.runner import BaseRunner, Limits, TrialRequest, TrialResult
+from loadertune.trials import torch_internals as _internals
+from loadertune.trials.contract import BaseRunner, Limits, TrialRequest, TrialResult
 from loadertune.trials.supervisor import Supervisor
 
 
@@ -361,7 +361,7 @@ class InlineRunner(BaseRunner):
     def _reentry(self, loader: DataLoader[Any], meter: Meter) -> float:
         """Seconds from ``iter(loader)`` to the first batch of a new epoch (start-up per epoch),
         from where an epoch's end leaves the workers: idle
-        (:func:`~loadertune.trials._torch_internals.end_epoch_now`)."""
+        (:func:`~loadertune.trials.torch_internals.end_epoch_now`)."""
         if loader.persistent_workers:
             _internals.end_epoch_now(meter.iterator)
         meter.release()  # drop the old epoch's iterator (and its workers, unless persistent)

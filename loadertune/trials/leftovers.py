@@ -8,9 +8,9 @@ the create and the unlink leaves the file behind, a whole batch in size, for goo
 knows its name any more. Trials kill busy workers as a matter of course (a script's launch ends
 with its process group SIGKILLed; a hung or over-budget in-process trial has its workers
 killed), so such files are left often (``python scripts/bench_shm_leftovers.py`` counts them
-after a plain ``killpg`` and after :func:`~loadertune.trials.processes.kill_group`, which removes
-them). On a container's 64-MB ``/dev/shm`` a few searches would fill it, and every DataLoader
-with workers would then fail.
+after a plain ``killpg`` and after :func:`~loadertune.trials.script.processes.kill_group`, which
+removes them). On a container's 64-MB ``/dev/shm`` a few searches would fill it, and every
+DataLoader with workers would then fail.
 
 A worker also hands the descriptor over through a listening socket of its own (multiprocessing's
 resource sharer), made on its first batch in a temporary folder, ``/tmp/pymp-…``, which the

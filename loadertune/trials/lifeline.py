@@ -5,9 +5,9 @@ A script's trial process asks the kernel for SIGKILL when the search dies (``PR_
 SIGKILLed they are re-parented to init, and torch's own check of the parent (every 5 s, between
 samples) never runs in a worker stuck in ``__getitem__``. So every loader a trial creates gets a
 ``worker_init_fn`` wrapper, :class:`DieWithTrial`, that does the same in each worker before it
-calls the user's own ``worker_init_fn``. ``loadertune run`` (:mod:`loadertune.trials.apply`)
-wraps every loader of the script it runs the same way: there the run's own process is the one
-the workers die with.
+calls the user's own ``worker_init_fn``. ``loadertune run``
+(:mod:`loadertune.trials.inside.apply_saved`) wraps every loader of the script it runs the same
+way: there the run's own process is the one the workers die with.
 
 Why not a subreaper: ``PR_SET_CHILD_SUBREAPER`` in the trial process adopts orphans only while the
 trial process lives, and it is the trial process that dies here. Why not have the search kill the

@@ -3,14 +3,14 @@
 One :class:`~typing.TypedDict` per kind, told apart by ``"t"``: plain dicts of JSON values,
 sent as JSON lines over a :class:`~loadertune.trials.channel.Channel`.
 
-The trial process (:mod:`loadertune.trials.child`) sends a :class:`LoaderMsg` when the script
+The trial process (:mod:`loadertune.trials.inside.child`) sends a :class:`LoaderMsg` when the script
 first iterates the tuned loader, :class:`EventMsg` and :class:`ProgressMsg` while the meter
 runs, and one of four ends: :class:`ResultMsg` (the window is full), :class:`FailureMsg` (the
 script raised), :class:`NoBatchesMsg` (the loader yields no batch) or :class:`EndedMsg` (the
 script ended first, after a partial :class:`ResultMsg` if the window had opened). The search
-(:class:`loadertune.trials.script.ScriptRunner`) sends :class:`StopMsg` to prune the trial.
+(:class:`loadertune.trials.script.runner.ScriptRunner`) sends :class:`StopMsg` to prune the trial.
 
-When the loader can change setting mid-epoch (:mod:`loadertune.trials.hotswap`; the
+When the loader can change setting mid-epoch (:mod:`loadertune.trials.hotswap.swap`; the
 :class:`LoaderMsg` says whether), one process runs many trials in turn: after each complete
 :class:`ResultMsg` the search sends :class:`ReleaseMsg` (it has taken its snapshot of the
 workers, which may now stop), and :class:`RunMsg` when it wants the next setting measured; the

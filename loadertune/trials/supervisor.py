@@ -15,7 +15,7 @@ from loadertune.measure import failures
 from loadertune.measure.failures import Failure, FailureKind
 from loadertune.measure.resources import ResourceSampler, ResourceUsage, process_tree
 from loadertune.trials import leftovers
-from loadertune.trials.runner import Limits, ShouldStop
+from loadertune.trials.contract import Limits, ShouldStop
 
 # Causes vague enough that what the sampler saw may name a sharper one
 _VAGUE = frozenset({FailureKind.TIMEOUT, FailureKind.WORKER_CRASHED, FailureKind.TRIAL_CRASHED})
@@ -31,7 +31,7 @@ class Supervisor:
     again within ``limits.rest_s`` (``hang_s`` unless set) ends the trial as
     :func:`~loadertune.measure.failures.rested` (a trial cannot wait for a loader used that
     seldom), unless ``rests_fail`` is False: a real training run
-    (:mod:`loadertune.trials.live`) is not stopped for its validation.
+    (:mod:`loadertune.trials.hotswap.live_runner`) is not stopped for its validation.
 
     ``find_gpu`` names the NVML index of the trial's GPU, asked at the window's start while none
     is known (a trial in this process may be the first to use CUDA).

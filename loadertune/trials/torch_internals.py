@@ -25,10 +25,11 @@ Each name, what it is used for, and what happens if it changes:
 - ``DataLoader._iterator``: a persistent-workers loader's live iterator, to shut it down. If
   gone: persistent workers of a failed trial linger until GC.
 - ``DataLoader._get_iterator``, ``._index_sampler`` and ``._auto_collation``: how a loader makes
-  its iterator; a subclass overriding one is not hot-swapped (:mod:`loadertune.trials.hotswap`).
-  If gone: every loader is taken for such a subclass, and gets a fresh process per setting.
+  its iterator; a subclass overriding one is not hot-swapped
+  (:mod:`loadertune.trials.hotswap.swap`). If gone: every loader is taken for such a subclass, and
+  gets a fresh process per setting.
 - ``_BaseDataLoaderIter._sampler_iter``: the batches an epoch's iterator has not asked its
-  workers for yet, taken over by a :class:`~loadertune.trials.hotswap.HotSwap` mid-epoch
+  workers for yet, taken over by a :class:`~loadertune.trials.hotswap.swap.HotSwap` mid-epoch
   (:func:`take_rest`). If gone: the first setting's epoch runs to its end before the swap starts
   (slower, not wrong).
 - ``_MultiProcessingDataLoaderIter._pin_memory_thread`` and ``._pin_memory_thread_done_event``

@@ -23,11 +23,11 @@ from loadertune.config import Config, kwargs_label
 from loadertune.search import plan
 from loadertune.search.driver import CEILING_REFUTED
 from loadertune.trials import TrialResult
-from loadertune.trials.identity import target_line
+from loadertune.trials.inside.identity import target_line
 from loadertune.units import MIB
 
 if TYPE_CHECKING:
-    from loadertune.recommendation import Recommendation
+    from loadertune.results.recommendation import Recommendation
 
 
 # Where the output is a file or a pipe (a log, CI) rich would lay tables out in 80 columns,
@@ -488,7 +488,8 @@ def summary_lines(rec: Recommendation | Mapping[str, Any]) -> list[str]:
 
 
 def _tuned_line(entry: Mapping[str, Any]) -> str | None:
-    """Which loader of a script was tuned (see :func:`loadertune.trials.identity.target_line`)."""
+    """Which loader of a script was tuned (see
+    :func:`loadertune.trials.inside.identity.target_line`)."""
     w = entry.get("workload") or {}
     if w.get("kind") != "script" or not w.get("call_site"):
         return None

@@ -1,12 +1,12 @@
 """Trials inside the real training run: the search's settings, measured on the live loop.
 
-The search runs in a thread of the training process (:mod:`loadertune.tuning` starts it) and
+The search runs in a thread of the training process (:mod:`loadertune.api.live` starts it) and
 talks to a :class:`LiveRunner` like to any runner. Each trial it asks for is handed to the
-training loop's :class:`~loadertune.trials.hotswap.HotSwap` by :class:`LiveConductor`, on the
+training loop's :class:`~loadertune.trials.hotswap.swap.HotSwap` by :class:`LiveConductor`, on the
 main thread, the next time the loop asks for a batch; the loop never stops: between trials, and
 while the search decides, the last setting that worked goes on (unmeasured). Every batch is a
-real training batch, handed over once per epoch (see :mod:`loadertune.trials.hotswap`): there is
-no replay here (:attr:`LiveRunner.replays` is False), which would feed the model one batch again
+real training batch, handed over once per epoch (see :mod:`loadertune.trials.hotswap.swap`): there
+is no replay here (:attr:`LiveRunner.replays` is False), which would feed the model one batch again
 and again.
 
 The same safety as the search, without ever losing the run: a setting whose loader fails (a
@@ -35,18 +35,18 @@ from loadertune.config import Config
 from loadertune.errors import ScriptError
 from loadertune.measure import failures
 from loadertune.measure.failures import Failure, FailureKind
-from loadertune.trials import _torch_internals as _internals
 from loadertune.trials import loader as dl
-from loadertune.trials.epochs import EpochLengths
-from loadertune.trials.hotswap import HotSwap, Outcome, Step
-from loadertune.trials.patch import length_asked
-from loadertune.trials.runner import (
+from loadertune.trials import torch_internals as _internals
+from loadertune.trials.contract import (
     BaseRunner,
     TrialRequest,
     TrialResult,
     empty_window,
     window_for,
 )
+from loadertune.trials.hotswap.swap import HotSwap, Outcome, Step
+from loadertune.trials.inside.epochs import EpochLengths
+from loadertune.trials.inside.patch import length_asked
 from loadertune.trials.supervisor import Supervisor
 
 

@@ -1,5 +1,5 @@
 """One setting's loader over what is left of the epoch: the pieces a
-:class:`~loadertune.trials.hotswap.HotSwap` changes setting with (see its module docstring for
+:class:`~loadertune.trials.hotswap.swap.HotSwap` changes setting with (see its module docstring for
 why nothing is skipped or seen twice within an epoch).
 
 An :class:`EpochOrder` holds the epoch's order, taken once from the script's sampler, and how far
@@ -20,9 +20,9 @@ from torch.utils.data import DataLoader
 from loadertune.config import Config
 from loadertune.measure import failures
 from loadertune.measure.counting import structure_count
-from loadertune.trials import _torch_internals as _internals
 from loadertune.trials import lifeline
 from loadertune.trials import loader as dl
+from loadertune.trials import torch_internals as _internals
 
 SEEN_BATCHES = 8  # per segment: the batches whose length is kept (they tell its batch size)
 
@@ -52,7 +52,7 @@ class EpochOrder:
 
     Also how many batches the script has received in this epoch (``given``), and how many it may
     (``limit()``: None, no limit): an epoch ends there even if units are left (see
-    :mod:`loadertune.trials.hotswap` on a script's length)."""
+    :mod:`loadertune.trials.hotswap.swap` on a script's length)."""
 
     def __init__(
         self,

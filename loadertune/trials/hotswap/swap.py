@@ -2,24 +2,25 @@
 setting of the loader under it changes.
 
 When the script iterates the tuned loader, it gets a :class:`HotSwap`'s epoch instead of the
-loader's own iterator. Each setting runs as a :class:`~loadertune.trials.segment.Segment`: a plain
-``DataLoader`` built from the script's loader (its dataset, sampler order, ``collate_fn``,
+loader's own iterator. Each setting runs as a :class:`~loadertune.trials.hotswap.segment.Segment`:
+a plain ``DataLoader`` built from the script's loader (its dataset, sampler order, ``collate_fn``,
 ``worker_init_fn``, ``timeout``, ``generator``, multiprocessing context...) with the setting applied
 and, as its batch sampler, the part of the epoch the script has not received yet. When a setting is
 done, its workers are shut down and the next one starts where the script is; when an epoch ends, the
 setting in use carries on into the next one. A :class:`Conductor` says which setting comes next and
-hears how each one went: the search in a script's trial process (:mod:`loadertune.trials.sequence`),
-or the tuner inside a real training run (:mod:`loadertune.trials.live`).
+hears how each one went: the search in a script's trial process
+(:mod:`loadertune.trials.inside.sequence`), or the tuner inside a real training run
+(:mod:`loadertune.trials.hotswap.live_runner`).
 
 **Nothing is skipped or seen twice within an epoch.** The epoch's order is taken from the script's
 sampler once (lazily, as iterating the loader would: the same draws of the RNG, in the same order)
-into an :class:`~loadertune.trials.segment.EpochOrder`. A segment's batch sampler reads that order
-from the script's position on; a DataLoader hands batches over in the order its batch sampler made
-them (``in_order=True``), so each batch the script receives moves the position by exactly the
-indices it holds. Batches a segment prefetched but did not hand over are fetched again by the next
-one, not lost; in a real training run they are handed over first instead (``drain``). At the
-same batch size the batches are exactly those of a single setting (the position moves by whole
-batches); at another, the rest of the epoch is regrouped at the new size.
+into an :class:`~loadertune.trials.hotswap.segment.EpochOrder`. A segment's batch sampler reads
+that order from the script's position on; a DataLoader hands batches over in the order its batch
+sampler made them (``in_order=True``), so each batch the script receives moves the position by
+exactly the indices it holds. Batches a segment prefetched but did not hand over are fetched again
+by the next one, not lost; in a real training run they are handed over first instead (``drain``).
+At the same batch size the batches are exactly those of a single setting (the position moves by
+whole batches); at another, the rest of the epoch is regrouped at the new size.
 With ``drop_last``, the short tail dropped at the end of an epoch is that of the setting in use
 then.
 
@@ -27,7 +28,7 @@ then.
 ``keep_length``). A smaller batch size, or the replay's one batch handed over again and again,
 would give an epoch more batches than ``len(loader)`` said, and a script may count on it: a
 ``OneCycleLR`` sized by ``epochs * len(loader)`` raises at the step past its last. Once anything
-has asked the length (:func:`~loadertune.trials.patch.promised_batches`), an epoch ends after
+has asked the length (:func:`~loadertune.trials.inside.patch.promised_batches`), an epoch ends after
 that many batches, and the rest of its samples are left out: a trial measures the loop, not the
 training, and every later epoch starts whole. A real training run (``keep_length=False``) keeps
 every sample instead: there a smaller batch size the user allowed gives more steps per epoch.
@@ -66,10 +67,10 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from loadertune.config import Config
 from loadertune.measure.meter import Measurement, Meter, Sink, WindowSpec
-from loadertune.trials import _torch_internals as _internals
 from loadertune.trials import loader as dl
-from loadertune.trials.patch import mark_length_asked, promised_batches
-from loadertune.trials.segment import EpochOrder, Segment
+from loadertune.trials import torch_internals as _internals
+from loadertune.trials.hotswap.segment import EpochOrder, Segment
+from loadertune.trials.inside.patch import mark_length_asked, promised_batches
 
 
 def why_not(loader: DataLoader[Any]) -> str | None:
@@ -250,7 +251,7 @@ class HotSwap:
     def rest_of_epoch(self, batches: Iterator[Any], given: int) -> Iterator[Any]:
         """The rest of an epoch the script's own loader began and gave ``given`` batches of:
         ``batches``, those its batch sampler has not given yet
-        (:func:`~loadertune.trials._torch_internals.take_rest`). At another batch size they are
+        (:func:`~loadertune.trials.torch_internals.take_rest`). At another batch size they are
         regrouped as one stream of samples; with ``drop_last`` the script's batch sampler has
         dropped its short tail already, and each setting then drops its own."""
         units = itertools.chain.from_iterable(batches) if self.regroup else batches

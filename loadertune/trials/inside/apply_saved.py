@@ -2,8 +2,8 @@
 
 An entry of the recommendation file says which loader it was measured on: the script (the
 file's workload key, checked by the caller), the loader's key and call site
-(:mod:`loadertune.trials.identity`), and its dataset's class. :class:`ApplySaved` builds every
-loader that matches an entry with that entry's settings (a loader created again at each epoch,
+(:mod:`loadertune.trials.inside.identity`), and its dataset's class. :class:`ApplySaved` builds
+every loader that matches an entry with that entry's settings (a loader created again at each epoch,
 or rebuilt by a framework, matches each time) and leaves every other loader alone. A loader
 created at an entry's line that differs otherwise (another dataset, reached another way: other
 framework functions, or another line calling the one that creates it) is named, with what
@@ -13,7 +13,7 @@ with the loaders the script did create. Every loader's workers, changed or not, 
 however it dies (:mod:`loadertune.trials.lifeline`), as a trial's do.
 
 An edit above a loader moves its lines: an entry still names it when the loader's line and the
-one that led to it read as they did when it was measured (:func:`~loadertune.trials.identity.
+one that led to it read as they did when it was measured (:func:`~loadertune.trials.inside.identity.
 same_code`; the run says where it was measured). A loader that matches an entry at its own lines
 takes that entry before one that matches only by text (an entry the search saved after the edit
 wins over the older one).
@@ -27,12 +27,12 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from loadertune import store
 from loadertune.config import Config, kwargs_label
 from loadertune.hardware import usable_cpus
+from loadertune.results import store
 from loadertune.trials import lifeline
 from loadertune.trials import loader as dl
-from loadertune.trials.identity import (
+from loadertune.trials.inside.identity import (
     LoaderRecord,
     matches_site,
     nth,
@@ -40,7 +40,7 @@ from loadertune.trials.identity import (
     same_code,
     same_key,
 )
-from loadertune.trials.patch import OriginalIter
+from loadertune.trials.inside.patch import OriginalIter
 
 
 @dataclass
@@ -153,8 +153,8 @@ def _at_own_batch_size(entry: dict[str, Any]) -> dict[str, Any] | None:
 
 
 class ApplySaved:
-    """A patch controller (:mod:`loadertune.trials.patch`) applying saved entries to the loaders
-    they were measured on; see the module docstring.
+    """A patch controller (:mod:`loadertune.trials.inside.patch`) applying saved entries to the
+    loaders they were measured on; see the module docstring.
 
     Args:
         entries: this script's entries on this machine (none: every loader is left as it is,

@@ -1,18 +1,19 @@
 """Inside a script trial: run the user's script as ``python train.py ARGS`` would, and measure it.
 
-Started by :class:`loadertune.trials.script.ScriptRunner` as ``python -m
-loadertune.trials.child`` (or forked from :mod:`loadertune.trials.forkserver`, which then calls
-:func:`main`), in a process group of its own, with the trial's spec in ``$LOADERTUNE_TRIAL`` and
-one end of a :class:`~loadertune.trials.channel.Channel` as an inherited file descriptor.
+Started by :class:`loadertune.trials.script.runner.ScriptRunner` as ``python -m
+loadertune.trials.inside.child`` (or forked from :mod:`loadertune.trials.script.forkserver`, which
+then calls :func:`main`), in a process group of its own, with the trial's spec in
+``$LOADERTUNE_TRIAL`` and one end of a :class:`~loadertune.trials.channel.Channel` as an inherited
+file descriptor.
 
 The script gets ``sys.argv``, ``__name__ == "__main__"``, its own directory first on ``sys.path``
-and the caller's working directory. A :class:`~loadertune.trials.controller.TrialController`,
-which :mod:`loadertune.trials.patch` calls, applies the trial's settings to the target loader
+and the caller's working directory. A :class:`~loadertune.trials.inside.controller.TrialController`,
+which :mod:`loadertune.trials.inside.patch` calls, applies the trial's settings to the target loader
 when the script creates it and meters the script's own loop over it. When the window is full, the
 result goes to the parent. A loader that can change setting mid-epoch
-(:mod:`loadertune.trials.hotswap`) then measures the next setting the parent sends, in this same
-process (:mod:`loadertune.trials.sequence`); any other loader's process waits for the parent to
-snapshot the process tree and kill the group. The script is not run to completion.
+(:mod:`loadertune.trials.hotswap.swap`) then measures the next setting the parent sends, in this
+same process (:mod:`loadertune.trials.inside.sequence`); any other loader's process waits for the
+parent to snapshot the process tree and kill the group. The script is not run to completion.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ import sys
 from typing import Any
 
 from loadertune.measure import failures
-from loadertune.trials import _torch_internals as _internals
 from loadertune.trials import leftovers, lifeline, messages
 from loadertune.trials import loader as dl
+from loadertune.trials import torch_internals as _internals
 from loadertune.trials.channel import Channel
-from loadertune.trials.controller import TrialController
-from loadertune.trials.patch import patched
+from loadertune.trials.inside.controller import TrialController
+from loadertune.trials.inside.patch import patched
 
 SPEC_ENV = "LOADERTUNE_TRIAL"
 

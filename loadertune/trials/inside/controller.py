@@ -1,13 +1,13 @@
 """Inside a script trial, the script's loaders as the trial sees them: the target loader found
 or named, the trial's setting applied to it when the script creates it, the script's own loop
 over it metered, and the result sent to the parent (:class:`TrialController`, which
-:mod:`loadertune.trials.patch` calls at each loader's creation and ``iter()``).
+:mod:`loadertune.trials.inside.patch` calls at each loader's creation and ``iter()``).
 
-A loader that can change setting mid-epoch (:mod:`loadertune.trials.hotswap`) measures the next
-settings the parent sends in this same process (:mod:`loadertune.trials.sequence`); any other
+A loader that can change setting mid-epoch (:mod:`loadertune.trials.hotswap.swap`) measures the next
+settings the parent sends in this same process (:mod:`loadertune.trials.inside.sequence`); any other
 loader's process, once its result is sent, waits for the parent to snapshot the process tree and
 kill the group. The process itself (the script run as ``__main__``, the channel) is
-:mod:`loadertune.trials.child`'s.
+:mod:`loadertune.trials.inside.child`'s.
 """
 
 from __future__ import annotations
@@ -22,16 +22,17 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from loadertune.config import Config
 from loadertune.measure.meter import Measurement, Meter, elsewhere
-from loadertune.trials import _torch_internals as _internals
-from loadertune.trials import handles, hotswap, lifeline, messages
+from loadertune.trials import handles, lifeline, messages
 from loadertune.trials import loader as dl
+from loadertune.trials import torch_internals as _internals
 from loadertune.trials.channel import Channel
-from loadertune.trials.epochs import EpochLengths
-from loadertune.trials.identity import LoaderRecord, same_key, user_sources
-from loadertune.trials.metered import HeldSink, Metered
-from loadertune.trials.patch import OriginalIter
-from loadertune.trials.sequence import ChannelConductor, result_message
-from loadertune.trials.target import FeedWatch, Selector, optimizer_exists
+from loadertune.trials.hotswap import swap as hotswap
+from loadertune.trials.inside.epochs import EpochLengths
+from loadertune.trials.inside.identity import LoaderRecord, same_key, user_sources
+from loadertune.trials.inside.metered import HeldSink, Metered
+from loadertune.trials.inside.patch import OriginalIter
+from loadertune.trials.inside.sequence import ChannelConductor, result_message
+from loadertune.trials.inside.target import FeedWatch, Selector, optimizer_exists
 
 _LINGER_S = 60  # after the result, until the parent kills the group (it does long before)
 
@@ -57,17 +58,17 @@ class TrialController:
     """Applies the trial's settings to the target loader and meters the script's loop over it.
 
     The target is named by the spec (``key``, ``index`` or ``call_site``: see
-    :class:`~loadertune.trials.target.Selector`), or else found: the loader that feeds the
-    optimizer (:class:`~loadertune.trials.target.FeedWatch`). Every loader of the target's key
-    gets the settings, also one a framework rebuilt from it and one created again at each epoch,
+    :class:`~loadertune.trials.inside.target.Selector`), or else found: the loader that feeds the
+    optimizer (:class:`~loadertune.trials.inside.target.FeedWatch`). Every loader of the target's
+    key gets the settings, also one a framework rebuilt from it and one created again at each epoch,
     and all of them are metered as one.
 
     Many settings in one process: when the target is known before it is iterated (named by the
     spec), the spec allows it (``hot_swap``), the loader can change setting mid-epoch
-    (:func:`~loadertune.trials.hotswap.why_not`) and this is not a rank of a distributed trial,
-    its epochs go through a :class:`~loadertune.trials.hotswap.HotSwap` that takes each setting
-    from the search (:class:`~loadertune.trials.sequence.ChannelConductor`). Else one setting per
-    process, as the LoaderMsg's ``one_setting_only`` says.
+    (:func:`~loadertune.trials.hotswap.swap.why_not`) and this is not a rank of a distributed trial,
+    its epochs go through a :class:`~loadertune.trials.hotswap.swap.HotSwap` that takes each setting
+    from the search (:class:`~loadertune.trials.inside.sequence.ChannelConductor`). Else one
+    setting per process, as the LoaderMsg's ``one_setting_only`` says.
     """
 
     def __init__(self, spec: dict[str, Any], chan: Channel) -> None:
@@ -177,7 +178,7 @@ class TrialController:
     def _swap_epoch(self, loader: DataLoader[Any]) -> Iterator[Any]:
         """The HotSwap's epoch; a loader of the key created again (the search then knows it is
         re-created and runs one setting per process) serves the next epochs' order, the setting
-        in use rebuilt over it (:meth:`~loadertune.trials.hotswap.HotSwap.follow`, which counts
+        in use rebuilt over it (:meth:`~loadertune.trials.hotswap.swap.HotSwap.follow`, which counts
         the loaders served for the trial's ``ran``)."""
         assert self.swap is not None
         self.swap.follow(loader)

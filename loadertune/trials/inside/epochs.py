@@ -1,8 +1,8 @@
 """How much of each epoch of the tuned loader a training loop takes: a loop that breaks after N
 steps (or a ``zip`` with a shorter loader) begins the next epoch early, so its epochs, and how
 often non-persistent workers start again, are that long, not the loader's length. A script
-trial's child (:mod:`loadertune.trials.controller`) and a live run
-(:mod:`loadertune.tuning`) count the epochs they hand the loop."""
+trial's child (:mod:`loadertune.trials.inside.controller`) and a live run
+(:mod:`loadertune.api.live`) count the epochs they hand the loop."""
 
 from __future__ import annotations
 
@@ -41,8 +41,8 @@ class EpochLengths:
     (or a ``zip`` with a shorter loader) begins the next epoch early: its epochs, and so how
     often non-persistent workers start again, are that long, not the loader's length.
 
-    Only the epoch under way is held (as :class:`~loadertune.trials.metered.Metered` holds it):
-    an abandoned epoch's iterator must go when the script drops it, its workers with it."""
+    Only the epoch under way is held (as :class:`~loadertune.trials.inside.metered.Metered` holds
+    it): an abandoned epoch's iterator must go when the script drops it, its workers with it."""
 
     def __init__(self) -> None:
         self._shares: list[float] = []  # of the epochs over: the share of the loader's taken

@@ -1,8 +1,8 @@
 """A loader the trial process meters, across its epochs and its re-creations.
 
-One :class:`Metered` per loader key (:mod:`loadertune.trials.identity`): the loader the trial
+One :class:`Metered` per loader key (:mod:`loadertune.trials.inside.identity`): the loader the trial
 tunes, or, while the first trial still looks for the loader that feeds the optimizer
-(:mod:`loadertune.trials.target`), each loader that may be it. Each has its own
+(:mod:`loadertune.trials.inside.target`), each loader that may be it. Each has its own
 :class:`~loadertune.measure.meter.Meter`; a candidate's meter reports to a :class:`HeldSink`,
 which keeps its events until the candidate is chosen (then hands them on) or dropped.
 
@@ -21,11 +21,11 @@ from torch.utils.data import DataLoader
 
 from loadertune.measure.counting import structure_count
 from loadertune.measure.meter import Measurement, Meter, Sink
-from loadertune.trials import _torch_internals as _internals
 from loadertune.trials import loader as dl
-from loadertune.trials.identity import LoaderRecord
-from loadertune.trials.patch import OriginalIter, promised_batches
-from loadertune.trials.runner import window_for
+from loadertune.trials import torch_internals as _internals
+from loadertune.trials.contract import window_for
+from loadertune.trials.inside.identity import LoaderRecord
+from loadertune.trials.inside.patch import OriginalIter, promised_batches
 
 SEEN_BATCHES = 8  # per epoch: the batches whose length is checked
 
@@ -155,7 +155,7 @@ class Metered:
     def replay(self, batch: Any) -> Iterator[Any]:
         """An epoch of one cached batch, metered (the step's rate without loading): endless, or
         as many batches as the loader's length once the script has asked it (a schedule sized
-        by it must not step past its end: see :mod:`loadertune.trials.hotswap`)."""
+        by it must not step past its end: see :mod:`loadertune.trials.hotswap.swap`)."""
         return MeteredEpoch(self, self.meter.wrap(dl.Repeat(batch, promised_batches(self.loader))))
 
     def saw(self, batch: Any) -> None:

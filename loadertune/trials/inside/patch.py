@@ -6,8 +6,8 @@ every way a script reaches the class sees the patch: ``from torch.utils.data imp
 
 Each loader is numbered in order of creation (1, 2, ...) and remembers where it was created,
 which of the loaders created together there it is, and what it was rebuilt from
-(:mod:`loadertune.trials.identity`: ``train.py:42``, the user's own line, also when a framework
-created or rebuilt the loader).
+(:mod:`loadertune.trials.inside.identity`: ``train.py:42``, the user's own line, also when a
+framework created or rebuilt the loader).
 A :class:`Controller` decides, per loader, which keyword arguments it is built with and what
 iterating it returns. Only the arguments the script passed are forwarded; the rest keep
 DataLoader's defaults, so everything else (dataset, sampler, collate_fn, generator...) is kept.
@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from torch.utils.data import DataLoader
 
 from loadertune import signals
-from loadertune.trials.identity import (
+from loadertune.trials.inside.identity import (
     RECORD_ATTRIBUTE,
     LoaderRecord,
     Siblings,

@@ -2,14 +2,15 @@
 
 The search sends the first setting in the process's spec and each further one as a
 :class:`~loadertune.trials.messages.RunMsg`; :class:`ChannelConductor` hands them to the
-:class:`~loadertune.trials.hotswap.HotSwap` under the script's loop and sends each result back.
+:class:`~loadertune.trials.hotswap.swap.HotSwap` under the script's loop and sends each result back.
 Lock-step: after a result the script's loop waits until the search has taken its snapshot of the
 workers (:class:`~loadertune.trials.messages.ReleaseMsg`), then until it sends the next setting.
 The search's own work (recording the result, choosing what is next) thus never runs during a
 measured window, and no data is consumed unmeasured: a script has only so many epochs to give.
 
 A failure is not handled here: the loader's exception reaches the script, the trial process
-reports it (:mod:`loadertune.trials.child`) and the search starts a fresh process for the rest.
+reports it (:mod:`loadertune.trials.inside.child`) and the search starts a fresh process for the
+rest.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from loadertune.measure.meter import Measurement, Sink
 from loadertune.trials import loader as dl
 from loadertune.trials import messages
 from loadertune.trials.channel import Channel
-from loadertune.trials.hotswap import Outcome, Step
-from loadertune.trials.runner import window_for
+from loadertune.trials.contract import window_for
+from loadertune.trials.hotswap.swap import Outcome, Step
 
 
 def result_message(
@@ -39,7 +40,7 @@ def result_message(
     epochs_begun: int | None = None,
 ) -> messages.ResultMsg:
     """A trial's result, with this process's CUDA facts; ``ran``: what its loader really ran
-    with (checked by the search: :mod:`loadertune.trials.applied`)."""
+    with (checked by the search: :mod:`loadertune.trials.script.verify`)."""
     peak_alloc, peak_reserved = dl.cuda_peaks()
     return messages.ResultMsg(
         t="result",
@@ -71,7 +72,7 @@ class ChannelConductor:
         make_sink: a fresh meter sink per trial (events and progress to the search).
         bytes_per_sample: what the trial process knows of a sample's size.
         epoch_scale: an epoch's samples as the script takes them, from the loader's (a loop
-            that breaks early takes fewer: :class:`~loadertune.trials.epochs.EpochLengths`).
+            that breaks early takes fewer: :class:`~loadertune.trials.inside.epochs.EpochLengths`).
         epochs_begun: the tuned loader's epochs this process has begun, for each result (the
             search learns how many a launch holds: ``ScriptRunner``).
     """

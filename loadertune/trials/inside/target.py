@@ -1,8 +1,8 @@
 """Which loader a script trial tunes.
 
 Named by the user (``--loader N``, ``--loader FILE:LINE``) or by the first trial of a search (the
-key of the loader it found, :mod:`loadertune.trials.identity`), or else found the way the user
-means it: **the loader that feeds the optimizer**. Every ``optimizer.step()`` (torch's global
+key of the loader it found, :mod:`loadertune.trials.inside.identity`), or else found the way the
+user means it: **the loader that feeds the optimizer**. Every ``optimizer.step()`` (torch's global
 step hook, so every optimizer of every framework) is fed by the loader that yielded the last
 batch before it, or, when several yielded since the step before (a loop over ``zip(main,
 aux)``), by the one the loop waited on most: of those, the one whose ``next()`` calls took at
@@ -26,7 +26,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from loadertune.trials.identity import LoaderRecord, names_site, same_key
+from loadertune.trials.inside.identity import LoaderRecord, names_site, same_key
 
 
 class Selector:

@@ -1,15 +1,15 @@
 """A fork server for a script's trial processes: Python and torch started once per search, a
 fork of them per launch.
 
-A fresh ``python -m loadertune.trials.child`` spends its first seconds starting the interpreter
-and importing torch (over a second on a small machine), before the script's own
+A fresh ``python -m loadertune.trials.inside.child`` spends its first seconds starting the
+interpreter and importing torch (over a second on a small machine), before the script's own
 line runs; a search starts a launch at every failure, every time the script runs out of epochs,
 and for every setting of a loader that cannot change setting mid-epoch. The server is started
-once (``python -m loadertune.trials.forkserver``, in a session of its own, dying with the search:
-:func:`loadertune.trials.lifeline.die_with_parent`), imports what every trial process imports,
-and then forks a trial process for each launch. The fork becomes what
-:func:`loadertune.trials.processes.start_child` would have started: its own process group, its
-output in the launch's log, no standard input, the search's environment with the trial's spec,
+once (``python -m loadertune.trials.script.forkserver``, in a session of its own, dying with the
+search: :func:`loadertune.trials.lifeline.die_with_parent`), imports what every trial process
+imports, and then forks a trial process for each launch. The fork becomes what
+:func:`loadertune.trials.script.processes.start_child` would have started: its own process group,
+its output in the launch's log, no standard input, the search's environment with the trial's spec,
 its channel the descriptor the search passed over the server's socket. What differs from a fresh
 process, and why it does not matter:
 
@@ -100,7 +100,9 @@ class ForkServer:
         spec = {"fd": theirs.fileno(), "parent_pid": os.getpid(), "preload": preload}
         self.preload = preload
         env = {**os.environ, SERVER_ENV: json.dumps(spec)}
-        self.proc = start_module(python, "loadertune.trials.forkserver", env, log, theirs.fileno())
+        self.proc = start_module(
+            python, "loadertune.trials.script.forkserver", env, log, theirs.fileno()
+        )
         theirs.close()
         self._sock = ours
         self._exits: dict[int, int] = {}
@@ -268,7 +270,7 @@ def _preload(script: str) -> None:
 
 def _become_trial(server: socket.socket, request: dict[str, Any], channel_fd: int) -> None:
     """In the fork: set up as a fresh trial process would be, then run it. Never returns."""
-    from loadertune.trials import child
+    from loadertune.trials.inside import child
 
     try:
         server.close()
@@ -322,7 +324,7 @@ def serve() -> None:
     spec = json.loads(os.environ.pop(SERVER_ENV))
     lifeline.die_with_parent(spec["parent_pid"])
     server = socket.socket(fileno=spec["fd"])
-    import loadertune.trials.child  # noqa: F401  (torch, the patch, the controller)
+    import loadertune.trials.inside.child  # noqa: F401  (torch, the patch, the controller)
 
     if spec.get("preload"):
         cuda_before = _cuda_mapped()

@@ -1,10 +1,10 @@
 """torch's own launcher (``torch.distributed.run``, what ``torchrun`` runs), dying with the
-search: ``python -m loadertune.trials.launch TORCHRUN-ARGS``.
+search: ``python -m loadertune.trials.script.launch TORCHRUN-ARGS``.
 
 The launcher's agent starts each rank in a session of its own, and a SIGKILLed search runs no
 code to end them: so the agent asks for SIGKILL when the search dies (``PR_SET_PDEATHSIG``), each
-rank when the agent dies (:mod:`loadertune.trials.child`), and each rank's DataLoader workers when
-their rank dies (:class:`loadertune.trials.lifeline.DieWithTrial`).
+rank when the agent dies (:mod:`loadertune.trials.inside.child`), and each rank's DataLoader
+workers when their rank dies (:class:`loadertune.trials.lifeline.DieWithTrial`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The processes of a script's trials: started in a session of their own, their output in a log,
 killed as a group however a trial ends.
 
-A *launch* is one trial process (``python -m loadertune.trials.child`` or a fork of the search's
-fork server, :mod:`loadertune.trials.forkserver`; or torch's launcher and its ranks:
-:mod:`loadertune.trials.ranks`) that may run many trials in turn; a :class:`Trial` is one of
-them, supervised from the search's side (:mod:`loadertune.trials.script`).
+A *launch* is one trial process (``python -m loadertune.trials.inside.child`` or a fork of the
+search's fork server, :mod:`loadertune.trials.script.forkserver`; or torch's launcher and its ranks:
+:mod:`loadertune.trials.script.ranks`) that may run many trials in turn; a :class:`Trial` is one of
+them, supervised from the search's side (:mod:`loadertune.trials.script.runner`).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from loadertune.measure import failures
 from loadertune.measure.resources import multiprocessing_helper
 from loadertune.trials import leftovers, messages
 from loadertune.trials.channel import Channel
-from loadertune.trials.child import SPEC_ENV
-from loadertune.trials.forkserver import Forked, ForkServer, ForkServerError, start_module
-from loadertune.trials.runner import TrialResult
+from loadertune.trials.contract import TrialResult
+from loadertune.trials.inside.child import SPEC_ENV
+from loadertune.trials.script.forkserver import Forked, ForkServer, ForkServerError, start_module
 from loadertune.trials.supervisor import Supervisor
 
 OUTPUT_TAIL_BYTES = 8192
@@ -134,7 +134,7 @@ def tail(path: Path) -> str:
 
 class TrialProcess(Protocol):
     """What a launch uses of its process: a :class:`subprocess.Popen`, or a fork server's
-    :class:`~loadertune.trials.forkserver.Forked`."""
+    :class:`~loadertune.trials.script.forkserver.Forked`."""
 
     pid: int
     returncode: int | None
@@ -182,10 +182,10 @@ def start_child(
     *,
     startup_s: float = 120.0,
 ) -> Launch:
-    """A fresh trial process (``python -m loadertune.trials.child``) in a session of its own,
+    """A fresh trial process (``python -m loadertune.trials.inside.child``) in a session of its own,
     its channel an inherited descriptor, given its spec; its output goes to ``log``. With a
-    fork ``server``, a fork of it instead (:mod:`loadertune.trials.forkserver`); a server that
-    does not answer within ``startup_s`` (the trial's own start-up limit) is closed, and the
+    fork ``server``, a fork of it instead (:mod:`loadertune.trials.script.forkserver`); a server
+    that does not answer within ``startup_s`` (the trial's own start-up limit) is closed, and the
     process is started afresh."""
     if server is not None and server.alive:
         chan, theirs = Channel.pair()
@@ -201,7 +201,7 @@ def start_child(
             theirs.close()
     chan, theirs = Channel.pair()
     env = _env(spec, theirs.fileno())
-    proc = start_module(python, "loadertune.trials.child", env, log, theirs.fileno())
+    proc = start_module(python, "loadertune.trials.inside.child", env, log, theirs.fileno())
     theirs.close()
     return Launch(proc, chan, log)
 

@@ -1,10 +1,10 @@
 """Trials of a distributed script: every trial under torch's own launcher, N ranks, one result.
 
 ``loadertune search --nproc-per-node N train.py`` runs each trial as ``torchrun --standalone
---nproc-per-node N`` would (:mod:`loadertune.trials.launch`), each rank in a trial process of its
-own (:mod:`loadertune.trials.child`) with the trial's setting applied to its loader. Each rank
-connects to a socket of this trial (the launcher passes no descriptors), says which rank it is,
-and reports its own measurement; its window full, a rank goes on training unmeasured, so that
+--nproc-per-node N`` would (:mod:`loadertune.trials.script.launch`), each rank in a trial process
+of its own (:mod:`loadertune.trials.inside.child`) with the trial's setting applied to its loader.
+Each rank connects to a socket of this trial (the launcher passes no descriptors), says which rank
+it is, and reports its own measurement; its window full, a rank goes on training unmeasured, so that
 the others, waiting for it in their collectives, fill theirs. When every rank has reported, the
 trial's result is the node's: the slowest rank's rate times the ranks (in data-parallel training
 every step waits for the slowest rank), checked rank by rank against the setting it ran.
@@ -27,13 +27,13 @@ from typing import Any
 import psutil
 
 from loadertune.errors import ConfigError
-from loadertune.trials import applied
 from loadertune.trials.channel import Channel, Listener
-from loadertune.trials.child import SPEC_ENV
-from loadertune.trials.launch import PARENT_ENV
-from loadertune.trials.processes import Launch, Trial, exited, kill_group
-from loadertune.trials.runner import TrialRequest, TrialResult
-from loadertune.trials.script import ScriptRunner
+from loadertune.trials.contract import TrialRequest, TrialResult
+from loadertune.trials.inside.child import SPEC_ENV
+from loadertune.trials.script import verify
+from loadertune.trials.script.launch import PARENT_ENV
+from loadertune.trials.script.processes import Launch, Trial, exited, kill_group
+from loadertune.trials.script.runner import ScriptRunner
 
 MAX_RANKS = 64
 
@@ -143,11 +143,11 @@ class RankedScriptRunner(ScriptRunner):
         command = [
             self.python,
             "-m",
-            "loadertune.trials.launch",
+            "loadertune.trials.script.launch",
             "--standalone",
             f"--nproc-per-node={self.nproc_per_node}",
             "--module",
-            "loadertune.trials.child",
+            "loadertune.trials.inside.child",
         ]
         with log.open("wb") as out:
             proc = subprocess.Popen(
@@ -227,9 +227,9 @@ class RankedScriptRunner(ScriptRunner):
         if result.failure is not None or result.phase in ("baseline", "replay"):
             return
         for each in ran.get("ranks") or []:
-            wrong = applied.mismatch(result.config, each, check_lengths=self._check_lengths)
+            wrong = verify.mismatch(result.config, each, check_lengths=self._check_lengths)
             if wrong is not None:
                 rank = each.get("rank")
-                result.failure = applied.not_applied(result.config, f"rank {rank}: {wrong}")
+                result.failure = verify.not_applied(result.config, f"rank {rank}: {wrong}")
                 result.measurement = None
                 return

@@ -13,7 +13,7 @@ from typing import Any
 from loadertune.measure import failures
 from loadertune.measure.failures import Failure, FailureKind
 from loadertune.trials import messages
-from loadertune.trials.identity import matches_site
+from loadertune.trials.inside.identity import matches_site
 
 # torch.distributed.init_process_group() without the environment torch's launcher sets
 LAUNCHER_ENV = "using env:// rendezvous"

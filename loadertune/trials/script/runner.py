@@ -1,13 +1,13 @@
 """Run trials of an unmodified training script, many in one process where the loader allows it.
 
-A *launch* starts ``python -m loadertune.trials.child`` in a new session (so it and every
+A *launch* starts ``python -m loadertune.trials.inside.child`` in a new session (so it and every
 DataLoader worker it starts share one process group, away from the terminal's Ctrl-C), or forks
 it from the search's fork server, which has imported torch and the script's installed packages
-once (:mod:`loadertune.trials.forkserver`), and tells it the setting over a
+once (:mod:`loadertune.trials.script.forkserver`), and tells it the setting over a
 :class:`~loadertune.trials.channel.Channel`; each trial is supervised from here: resource
 sampling, deadlines, the memory budget and pruning run in this process.
 
-When the loader can change setting mid-epoch (:mod:`loadertune.trials.hotswap`), a launch stays
+When the loader can change setting mid-epoch (:mod:`loadertune.trials.hotswap.swap`), a launch stays
 up after a trial that ended well (measured, or pruned): the next ``run`` sends its setting to the
 same process, whose script goes on from the batch it had reached, and pays no start-up again. A
 launch is replaced only when it must be:
@@ -19,14 +19,15 @@ launch is replaced only when it must be:
   batch then is run again in a fresh launch;
 - the loader cannot change setting mid-epoch (the :class:`~loadertune.trials.messages.LoaderMsg`
   says why), is created again at each epoch, or was found while the first trial ran (the loader
-  that feeds the optimizer: :mod:`loadertune.trials.target`): one setting per process, as it is
-  built. The next launch names it by its key, and may swap;
+  that feeds the optimizer: :mod:`loadertune.trials.inside.target`): one setting per process, as it
+  is built. The next launch names it by its key, and may swap;
 - the loader was built with a batch sampler, whose batches a hot swap keeps, and the trial asks
   for another batch size: a fresh launch builds it with a batch sampler of that size.
 
 Every result says what its loader really ran with (``ran``), a hot-swapped setting's too: a
-trial that did not run its setting fails as ``not_applied`` (:mod:`loadertune.trials.applied`).
-However a launch ends, its whole group is killed (:mod:`loadertune.trials.processes`).
+trial that did not run its setting fails as ``not_applied``
+(:mod:`loadertune.trials.script.verify`). However a launch ends, its whole group is killed
+(:mod:`loadertune.trials.script.processes`).
 """
 
 from __future__ import annotations
@@ -44,10 +45,12 @@ from loadertune.errors import ConfigError, ScriptError
 from loadertune.measure import nvml
 from loadertune.measure.failures import Failure, FailureKind
 from loadertune.measure.meter import Measurement, WindowSpec
-from loadertune.trials import applied, leftovers, messages, reported
-from loadertune.trials.forkserver import ForkServer
-from loadertune.trials.identity import target_line
-from loadertune.trials.processes import (
+from loadertune.trials import leftovers, messages
+from loadertune.trials.contract import BaseRunner, TrialRequest, TrialResult
+from loadertune.trials.inside.identity import target_line
+from loadertune.trials.script import reported, verify
+from loadertune.trials.script.forkserver import ForkServer
+from loadertune.trials.script.processes import (
     Launch,
     Trial,
     check_script,
@@ -56,7 +59,6 @@ from loadertune.trials.processes import (
     start_child,
     tail,
 )
-from loadertune.trials.runner import BaseRunner, TrialRequest, TrialResult
 from loadertune.trials.supervisor import Supervisor
 
 __all__ = ["ScriptRunner", "check_script", "kill_group"]
@@ -86,8 +88,8 @@ class ScriptRunner(BaseRunner):
             where it is created, or None for the first loader the script iterates.
         python: the interpreter to run it with.
         fork_server: start each launch as a fork of a process that has imported torch once
-            (:mod:`loadertune.trials.forkserver`) rather than as a fresh interpreter; None: yes,
-            unless ``$LOADERTUNE_FORK_SERVER`` is ``0``.
+            (:mod:`loadertune.trials.script.forkserver`) rather than as a fresh interpreter; None:
+            yes, unless ``$LOADERTUNE_FORK_SERVER`` is ``0``.
     """
 
     in_process = False
@@ -128,7 +130,7 @@ class ScriptRunner(BaseRunner):
         self._code_sha1: str | None = None  # the script's and its modules' (see state)
         self.batch_size_fixed: str | None = None  # why the batch size cannot be searched
         self.loader_recreated = False
-        self._check_lengths = False  # batch lengths tell the batch size (see trials.applied)
+        self._check_lengths = False  # batch lengths tell the batch size (see trials.script.verify)
         self._logdir = tempfile.TemporaryDirectory(prefix=f"{leftovers.LOG_PREFIX}{os.getpid()}-")
         self._launch: Launch | None = None
         self.n_launches = 0
@@ -225,7 +227,7 @@ class ScriptRunner(BaseRunner):
 
     def _batches_fixed(self, launch: Launch, config: Config | None) -> bool:
         """The launch cannot run ``config``'s batch size: its loader was built with a batch
-        sampler, whose batches a hot swap keeps (:mod:`loadertune.trials.hotswap`); a fresh
+        sampler, whose batches a hot swap keeps (:mod:`loadertune.trials.hotswap.swap`); a fresh
         launch builds the loader with a batch sampler of the new size."""
         if launch.loader is None or not launch.loader["batch_sampler"] or not self.loader_info:
             return False
@@ -433,13 +435,13 @@ class ScriptRunner(BaseRunner):
             self._launch.batch_size = ran["settings"]["batch_size"]
         self.loader_recreated = self.loader_recreated or (ran.get("loaders") or 0) > 1
         if result.phase == "baseline":
-            self._check_lengths = applied.lengths_show_batch_size(ran)
+            self._check_lengths = verify.lengths_show_batch_size(ran)
             return
         if result.phase == "replay":
             return  # one cached batch, no loading
-        wrong = applied.mismatch(result.config, ran, check_lengths=self._check_lengths)
+        wrong = verify.mismatch(result.config, ran, check_lengths=self._check_lengths)
         if wrong is not None:
-            result.failure = applied.not_applied(result.config, wrong)
+            result.failure = verify.not_applied(result.config, wrong)
             result.measurement = None
 
     def _on_failure(self, msg: messages.FailureMsg, trial: Trial) -> bool:

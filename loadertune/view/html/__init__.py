@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from loadertune.errors import ConfigError, RecommendationFileError
-from loadertune.plots.data import ReportData, load
+from loadertune.view.html.data import ReportData, load
 
 __all__ = ["ReportData", "check_installed", "load", "write_report"]
 
@@ -40,7 +40,7 @@ def write_report(
         RecommendationFileError: a file cannot be written.
     """
     check_installed(png=png_dir is not None)
-    from loadertune.plots import page
+    from loadertune.view.html import page
 
     out = Path(out)
     try:
@@ -48,7 +48,7 @@ def write_report(
         out.write_text(page.render(data), encoding="utf-8")
         written = [out]
         if png_dir is not None:
-            from loadertune.plots import png
+            from loadertune.view.html import png
 
             written += png.write_pngs(data, png_dir)
     except OSError as exc:

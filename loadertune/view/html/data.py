@@ -14,9 +14,10 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from loadertune import hardware, store
+from loadertune import hardware
 from loadertune.config import Config, kwargs_label
 from loadertune.errors import ConfigError, LoadertuneError, RecommendationFileError
+from loadertune.results import store
 from loadertune.search.study import stored_trials, study_of_entry
 from loadertune.units import MIB
 

@@ -1,7 +1,7 @@
-"""The report's figures of the rates (plotly), each drawn from :mod:`loadertune.plots.data`:
+"""The report's figures of the rates (plotly), each drawn from :mod:`loadertune.view.html.data`:
 rate against workers, the knobs, winner beside baseline, the search over time. Those of memory
-and the GPU are in :mod:`loadertune.plots.usage`; a figure with nothing to show is None (the page
-says why instead).
+and the GPU are in :mod:`loadertune.view.html.usage`; a figure with nothing to show is None (the
+page says why instead).
 
 Every text from the file or a library is escaped. Each figure's traces carry a ``uid`` naming
 what they show (``trials-bs64``, ``median-bs64``...), so a test can count what the browser drew.
@@ -16,7 +16,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from loadertune.plots.data import (
+from loadertune.view.html.data import (
     RateSeries,
     ReportData,
     Trial,

@@ -1,8 +1,8 @@
 """The interactive report: one HTML file, plotly.js inlined (it opens offline, no CDN).
 
-The figures come from :mod:`loadertune.plots.figures` (the rates) and
-:mod:`loadertune.plots.usage` (memory, GPU); the page around them (the summary, the failures, the
-advice, every trial) is built here. Every text from the file or a library is escaped.
+The figures come from :mod:`loadertune.view.html.figures` (the rates) and
+:mod:`loadertune.view.html.usage` (memory, GPU); the page around them (the summary, the failures,
+the advice, every trial) is built here. Every text from the file or a library is escaped.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import json
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
-from loadertune import store
-from loadertune.plots.data import ReportData, pss_mib
-from loadertune.plots.figures import knobs_figure, progress_figure, rate_figure, versus_figure
-from loadertune.plots.usage import gpu_figure, memory_figure
-from loadertune.report import summary_lines, summary_rows
+from loadertune.results import store
+from loadertune.view.html.data import ReportData, pss_mib
+from loadertune.view.html.figures import knobs_figure, progress_figure, rate_figure, versus_figure
+from loadertune.view.html.usage import gpu_figure, memory_figure
+from loadertune.view.summary import summary_lines, summary_rows
 
 _CSS = """
 body { font-family: system-ui, sans-serif; color: #222;

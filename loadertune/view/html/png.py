@@ -16,13 +16,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from loadertune.plots.data import (
-    ReportData,
-    best_so_far,
-    pss_mib,
-    rate_series,
-    spread,
-)
+from loadertune.view.html.data import ReportData, best_so_far, pss_mib, rate_series, spread
 
 RATE_LABEL = "samples/s (steady)"
 _MARKERS = {"baseline": "D", "probe": "s", "search": "o", "confirm": "^"}

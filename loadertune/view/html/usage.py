@@ -1,6 +1,6 @@
 """The report's figures of what the trials used: the memory of their processes and the GPU.
 
-Drawn as :mod:`loadertune.plots.figures` draws the rates (its layout and hover text); None when
+Drawn as :mod:`loadertune.view.html.figures` draws the rates (its layout and hover text); None when
 no trial measured any.
 """
 
@@ -11,8 +11,8 @@ import statistics
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from loadertune.plots.data import ReportData, pss_mib
-from loadertune.plots.figures import LAYOUT, hover, integer_ticks
+from loadertune.view.html.data import ReportData, pss_mib
+from loadertune.view.html.figures import LAYOUT, hover, integer_ticks
 
 
 def memory_figure(data: ReportData) -> go.Figure | None:
