@@ -321,7 +321,7 @@ def test_more_workers_than_cpus_names_a_cause_only_where_the_probe_saw_it() -> N
     from types import SimpleNamespace
 
     from loadertune.hardware import detect
-    from loadertune.results.analysis import _advise_oversubscribed
+    from loadertune.results.advice import _advise_oversubscribed
 
     hw = detect()
     winner = Config(32, hw.usable_cpus + 3, 2)

@@ -518,7 +518,7 @@ def test_where_a_batch_sampler_decides_neither_setting_names_a_batch_size() -> N
     "bs=sampler w=2 pf=4", for batches of 32)."""
     from loadertune.hardware import detect
     from loadertune.results.recommendation import build_recommendation
-    from loadertune.view.summary import summary_rows
+    from loadertune.view.tables import summary_rows
 
     base = _result(A, 100.0)
     base.phase = "baseline"

@@ -30,6 +30,7 @@ RANKS = {
     "loadertune.search": 7,
     "loadertune.search.opening": 7,  # the driver's opening (baseline, probe, resume): beside it
     "loadertune.results.analysis": 8,
+    "loadertune.results.advice": 8,  # what to do next, from what the analysis found
     "loadertune.results.recommendation": 9,
     "loadertune.view": 10,  # what the user sees: summary, live view, HTML report
     "loadertune.api": 11,  # the ways in; `api.tuned` runs searches and saved settings

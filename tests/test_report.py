@@ -15,14 +15,9 @@ from loadertune.measure.failures import Failure
 from loadertune.measure.meter import Measurement
 from loadertune.results.recommendation import Recommendation
 from loadertune.trials import TrialResult
-from loadertune.view.summary import (
-    LiveView,
-    print_summary,
-    summary_lines,
-    summary_table,
-    trial_line,
-    trials_table,
-)
+from loadertune.view.progress import LiveView, trial_line
+from loadertune.view.summary import print_summary, summary_lines
+from loadertune.view.tables import summary_table, trials_table
 
 
 def _measurement(rate: float, blocked: float = 0.25, sub: list[float] | None = None) -> Measurement:
@@ -526,7 +521,7 @@ def test_a_result_reads_back_whole_and_a_kept_one_says_so() -> None:
 def test_a_piped_console_is_wide_enough_for_a_settings_label(monkeypatch) -> None:
     """Piped (a log, CI), rich would wrap a table's 'bs=32 w=7 pf=4 pin persist' at 80 columns;
     COLUMNS still decides where it is set."""
-    from loadertune.view.summary import PIPED_WIDTH, plain_console
+    from loadertune.view.console import PIPED_WIDTH, plain_console
 
     monkeypatch.delenv("COLUMNS", raising=False)
     assert plain_console().width == PIPED_WIDTH

@@ -32,7 +32,8 @@ from loadertune.results import store
 from loadertune.search import SearchSettings
 from loadertune.trials import TrialResult
 from loadertune.trials.inside.identity import target_line
-from loadertune.view.summary import noise_words, trial_line
+from loadertune.view.progress import trial_line
+from loadertune.view.summary import noise_words
 
 if TYPE_CHECKING:  # torch's DataLoader machinery is imported when a tuning starts
     from torch.utils.data import DataLoader

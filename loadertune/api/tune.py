@@ -251,7 +251,7 @@ def tune_loader(
     runner = InlineRunner(dataset, step=step, fixed=loader_kwargs)
     observer = None
     if verbose:
-        from loadertune.view.summary import LiveView
+        from loadertune.view.progress import LiveView
 
         observer = LiveView()
     workload = {

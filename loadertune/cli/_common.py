@@ -11,7 +11,7 @@ import click
 from rich.text import Text
 
 from loadertune.errors import LoadertuneError, UserCodeError
-from loadertune.view.summary import plain_console
+from loadertune.view.console import plain_console
 
 # Text from users and libraries (paths, tracebacks, gloo's "[/path/pair.cc:553]") is printed as
 # it is: these consoles never parse markup; styles come from Text objects.

@@ -8,7 +8,7 @@ import click
 from rich.text import Text
 
 from loadertune import doctor, hardware
-from loadertune.view.summary import plain_console
+from loadertune.view.console import plain_console
 
 
 @click.command(name="hardware")

@@ -8,7 +8,7 @@ import click
 from loadertune.cli._common import fail, file_option
 from loadertune.errors import LoadertuneError
 from loadertune.view import html
-from loadertune.view.summary import plain_console
+from loadertune.view.console import plain_console
 
 
 @click.command()

@@ -37,7 +37,9 @@ from loadertune.results import store
 from loadertune.results.recommendation import Recommendation
 from loadertune.search import SearchSettings
 from loadertune.view import html
-from loadertune.view.summary import LiveView, plain_console, print_summary
+from loadertune.view.console import plain_console
+from loadertune.view.progress import LiveView
+from loadertune.view.summary import print_summary
 
 
 class _Terminated(KeyboardInterrupt):

@@ -15,7 +15,8 @@ from loadertune.cli._common import err, fail
 from loadertune.config import kwargs_label
 from loadertune.errors import LoadertuneError
 from loadertune.results import store
-from loadertune.view.summary import noise_words, plain_console
+from loadertune.view.console import plain_console
+from loadertune.view.summary import noise_words
 
 
 @click.command()

@@ -185,7 +185,7 @@ def build_recommendation(
             else None
         ),
         trials=outcome.trials,
-        diagnosis=analysis.diagnose(outcome, hw),
+        diagnosis=analysis.analyze(outcome, hw),
         hardware=hw,
         search={
             "study_name": outcome.study_name,

@@ -1,234 +1,24 @@
-"""What the user sees: a live view while searching, and the result tables after.
-
-In a terminal the live view is a small rich panel (trial in progress, best so far, budget left),
-redrawn at each event rather than by a timer thread, so it costs the measured loop nothing. When
-stdout is not a terminal it prints one plain line per trial instead.
-"""
+"""The verdict of a search in plain lines (speed-up, ceiling, why it stopped, warnings,
+advice), and the summary printed at its end: tables (:mod:`loadertune.view.tables`) and lines."""
 
 from __future__ import annotations
 
 import math
-import os
 import statistics
-import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console, Group
-from rich.live import Live
-from rich.table import Table
-from rich.text import Text
+from rich.console import Console
 
-from loadertune.config import Config, kwargs_label
+from loadertune.config import Config
 from loadertune.search import plan
 from loadertune.search.driver import CEILING_REFUTED
-from loadertune.trials import TrialResult
 from loadertune.trials.inside.identity import target_line
-from loadertune.units import MIB
+from loadertune.view.console import plain_console, rate_text
+from loadertune.view.tables import summary_table, trials_table
 
 if TYPE_CHECKING:
     from loadertune.results.recommendation import Recommendation
-
-
-# Where the output is a file or a pipe (a log, CI) rich would lay tables out in 80 columns,
-# wrapping every setting's label over two lines; COLUMNS still decides where it is set.
-PIPED_WIDTH = 120
-
-
-def plain_console(*, stderr: bool = False) -> Console:
-    """A console that prints text as it is: no markup parsed (failure texts, paths and library
-    messages hold square brackets), no highlighting. Styles come from ``Text`` objects. Piped,
-    it is :data:`PIPED_WIDTH` wide."""
-    console = Console(stderr=stderr, markup=False, highlight=False)
-    if not console.is_terminal and "COLUMNS" not in os.environ:
-        console.width = PIPED_WIDTH
-    return console
-
-
-def _rate(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.0f}"
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.0f}%"
-
-
-def trial_line(result: TrialResult) -> str:
-    """One line per trial: phase, setting, rate or cause."""
-    m = result.measurement
-    if result.failure is not None:
-        what = f"FAILED {result.failure.kind}: {result.failure.message}"
-    elif result.skipped:
-        what = f"skipped: {result.skipped}"
-    else:
-        what = f"{_rate(result.samples_per_s)} samples/s"
-        epoch = result.epoch_samples_per_s
-        if epoch and result.samples_per_s and abs(epoch / result.samples_per_s - 1) > 0.1:
-            # what the search ranks by: each epoch's start-up counted, which can reorder
-            # settings whose window rates alone would rank otherwise
-            what += f" ({_rate(epoch)} per epoch)"
-        if m is not None:
-            what += f"  blocked {_pct(m.blocked_fraction)}  spread {_pct(m.spread)}"
-        if result.pruned:
-            what += "  (pruned)"
-    if result.extra.get("settings_unknown"):
-        label = "the script's own"
-    elif result.extra.get("batch_size_fixed"):
-        label = kwargs_label({**result.params, "batch_size": None})
-    else:
-        label = result.config.label()
-    return f"{result.phase:<8} {label:<32} {what}"
-
-
-class LiveView:
-    """An :class:`loadertune.search.Observer` that shows the search as it runs."""
-
-    def __init__(self, console: Console | None = None) -> None:
-        self.console = console or plain_console(stderr=True)
-        self._live: Live | None = None
-        self._deadline = 0.0
-        self._phase = ""
-        self._current: str | None = None
-        self._best: TrialResult | None = None
-        self._n = 0
-        self._last: list[str] = []
-
-    def __enter__(self) -> LiveView:
-        if self.console.is_terminal:
-            self._live = Live(
-                self._render(), console=self.console, auto_refresh=False, transient=False
-            )
-            self._live.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._live is not None:
-            self._live.__exit__(None, None, None)
-            self._live = None
-
-    def _render(self) -> Group:
-        left = max(0.0, self._deadline - time.monotonic())
-        head = Text(
-            f"loadertune · {self._phase or 'starting'} · trial {self._n} · "
-            f"{left:.0f} s of budget left",
-            style="bold",
-        )
-        best = (
-            f"best so far: {self._best.config.label()}  "
-            f"{_rate(self._best.epoch_samples_per_s)} samples/s"
-            if self._best
-            else "best so far: -"
-        )
-        now = f"running: {self._current}" if self._current else ""
-        return Group(
-            head, Text(best), Text(now), *[Text(line, style="dim") for line in self._last[-5:]]
-        )
-
-    def _print(self, line: str) -> None:
-        """A plain line, written to the console's file as it is. Not through ``Console.print``:
-        it clears its buffer only after the write, and a Ctrl-C that lands in between (the user
-        presses it on seeing the line) leaves the line there for the next print to repeat."""
-        file = self.console.file
-        file.write(line + "\n")
-        file.flush()
-
-    def _refresh(self) -> None:
-        if self._live is not None:
-            self._live.update(self._render(), refresh=True)
-
-    def search_started(self, deadline: float, budget_s: float) -> None:
-        self._deadline = deadline
-        if self._live is None:
-            self._print(f"loadertune: searching for up to {budget_s:.0f} s")
-        self._refresh()
-
-    def phase(self, name: str) -> None:
-        self._phase = name
-        self._refresh()
-
-    def trial_started(self, config: Config | None, phase: str) -> None:
-        self._n += 1
-        self._current = f"{phase} {config.label() if config else '(its own settings)'}"
-        self._refresh()
-
-    def note(self, text: str) -> None:
-        self._last.append(text)
-        if self._live is None:
-            self._print(f"loadertune: {text}")
-        self._refresh()
-
-    def trial_finished(self, result: TrialResult, best: TrialResult | None) -> None:
-        self._best = best
-        self._current = None
-        line = trial_line(result)
-        self._last.append(line)
-        if self._live is None:
-            self._print(line)
-        self._refresh()
-
-
-def _column(
-    kwargs: dict[str, Any] | None, fig: dict[str, Any] | None, diag: dict[str, Any] | None
-) -> list[str]:
-    setting = kwargs_label(kwargs) if kwargs else "-"
-    fig = fig or {}
-    cpu, cpu_w, gpu = (
-        fig.get("cpu_percent_main"),
-        fig.get("cpu_percent_workers"),
-        fig.get("gpu_util_mean"),
-    )
-    return [
-        setting,
-        _rate(fig.get("samples_per_s")),
-        _rate(fig.get("epoch_samples_per_s")),
-        _pct(fig.get("spread")),
-        _pct(fig.get("blocked_fraction")),
-        _BOTTLENECKS.get((diag or {}).get("bottleneck") or "", "-"),
-        "-" if cpu is None else f"{cpu:.0f}% + {cpu_w or 0:.0f}%",
-        "-" if fig.get("pss_bytes") is None else f"{fig['pss_bytes'] / MIB:,.0f} MiB",
-        "-" if gpu is None else f"{gpu:.0f}%",
-    ]
-
-
-# The diagnosis' verdicts, as the summary says them (the file keeps the short codes).
-_BOTTLENECKS = {
-    "input": "the loader (input)",
-    "compute": "your step (compute)",
-    "balanced": "neither (balanced)",
-}
-
-_SUMMARY_ROWS = (
-    "setting",
-    "samples/s (steady)",
-    "samples/s (per epoch)",
-    "spread over rounds",
-    "blocked on data",
-    "bottleneck",
-    "CPU main + workers",
-    "memory (PSS)",
-    "GPU utilization",
-)
-
-
-def summary_rows(entry: Mapping[str, Any]) -> list[tuple[str, str, str]]:
-    """Baseline beside winner, row by row (name, baseline, winner), from a file entry (or
-    ``Recommendation.to_entry()``): rate, noise, blocked fraction, bottleneck, CPU, memory, GPU."""
-    diag = entry.get("diagnosis") or {}
-    baseline = entry.get("baseline") or {}
-    base = _column(baseline.get("loader_kwargs"), baseline, diag.get("baseline"))
-    win = _column(entry.get("loader_kwargs"), entry.get("winner"), diag.get("winner"))
-    return list(zip(_SUMMARY_ROWS, base, win, strict=True))
-
-
-def summary_table(rec: Recommendation) -> Table:
-    """Baseline beside winner: rate, noise, blocked fraction, bottleneck, CPU, memory, GPU."""
-    table = Table()
-    table.add_column("")
-    table.add_column("baseline (yours)")
-    table.add_column("winner", style="bold")
-    for row in summary_rows(rec.to_entry()):
-        table.add_row(*row)
-    return table
 
 
 _STAGE_NAMES = {
@@ -374,97 +164,121 @@ def summary_lines(rec: Recommendation | Mapping[str, Any]) -> list[str]:
     part may be missing (a resumed search whose winner was measured only in an earlier run, a
     partial entry, an old file)."""
     entry = rec if isinstance(rec, Mapping) else rec.to_entry()
-    lines = []
     diag = entry.get("diagnosis") or {}
-    tuned = _tuned_line(entry)
-    if tuned:
-        lines.append(tuned)
     workload = entry.get("workload") or {}
-    if workload.get("batch_size_fixed"):
-        lines.append(f"batch size left out of the search: {workload['batch_size_fixed']}")
+    fixed = workload.get("batch_size_fixed")
+    lines = [
+        _tuned_line(entry),
+        f"batch size left out of the search: {fixed}" if fixed else None,
+        *_speedup_lines(entry),
+        _ceiling_line(entry, diag),
+        _best_at_batch_size_line(entry),
+        _search_line(entry),
+        _budget_too_short(entry),
+        *(f"warning: {warning}" for warning in diag.get("warnings") or []),
+        *(f"advice: {advice}" for advice in diag.get("advice") or []),
+    ]
+    return [line for line in lines if line]
+
+
+def _verdict(entry: Mapping[str, Any], speedup: float) -> str:
+    """What the speed-up means beside the noise, in words."""
+    if not entry.get("within_noise"):
+        return "clearly faster than your settings"
+    if entry.get("unconfirmed"):
+        return (
+            "not confirmed: no time was left to measure the two side by side, and figures "
+            "from different moments tell too little"
+        )
+    if speedup < 1:
+        # It led over the whole search (the rounds and the exploration's figures pooled),
+        # not in the rounds alone. The pooled figures rank the two better than the rounds:
+        # in simulated searches such a winner is mostly the faster of the two, and keeping
+        # the baseline puts more picks below 0.95 of the best (README, "Within the noise,
+        # the winner is saved").
+        return (
+            "within the noise of your settings: behind them side by side, ahead over the "
+            "whole search, which holds more figures; the winner is saved"
+        )
+    if entry.get("loader_kwargs") == _baseline_kwargs(entry):
+        return "within the noise: your settings are the best found; keep them"
+    if _batch_size(entry.get("loader_kwargs")) != _batch_size(_baseline_kwargs(entry)):
+        # not for free: a batch size of its own asks the learning rate to change with it
+        return (
+            "within the noise of your settings, at another batch size: keeping yours "
+            "loses nothing (the best setting at it is below; `loadertune run` applies that "
+            "one, and in code `rec.best_at_batch_size` holds it)"
+        )
+    return "within the noise of your settings, but ahead of them: take the winner, for free"
+
+
+def _speedup_lines(entry: Mapping[str, Any]) -> list[str]:
+    """The speed-up per epoch with its verdict, and end to end where that differs."""
     speedup = entry.get("speedup")
-    if speedup is not None:
-        if not entry.get("within_noise"):
-            verdict = "clearly faster than your settings"
-        elif entry.get("unconfirmed"):
-            verdict = (
-                "not confirmed: no time was left to measure the two side by side, and figures "
-                "from different moments tell too little"
-            )
-        elif speedup < 1:
-            # It led over the whole search (the rounds and the exploration's figures pooled),
-            # not in the rounds alone. The pooled figures rank the two better than the rounds:
-            # in simulated searches such a winner is mostly the faster of the two, and keeping
-            # the baseline puts more picks below 0.95 of the best (README, "Within the noise,
-            # the winner is saved").
-            verdict = (
-                "within the noise of your settings: behind them side by side, ahead over the "
-                "whole search, which holds more figures; the winner is saved"
-            )
-        elif entry.get("loader_kwargs") == _baseline_kwargs(entry):
-            verdict = "within the noise: your settings are the best found; keep them"
-        elif _batch_size(entry.get("loader_kwargs")) != _batch_size(_baseline_kwargs(entry)):
-            # not for free: a batch size of its own asks the learning rate to change with it
-            verdict = (
-                "within the noise of your settings, at another batch size: keeping yours "
-                "loses nothing (the best setting at it is below; `loadertune run` applies that "
-                "one, and in code `rec.best_at_batch_size` holds it)"
-            )
-        else:
-            verdict = (
-                "within the noise of your settings, but ahead of them: take the winner, for free"
-            )
-        if "epoch_samples" not in entry or entry["epoch_samples"]:  # (an older file: not said)
-            line = f"speed-up {speedup:.2f}x per epoch ({verdict})"
-        else:  # an epoch of unknown length: its start-up is not in the rate
-            line = (
-                f"speed-up {speedup:.2f}x in the steady rate ({verdict}; the epoch's length is "
-                "unknown, so the workers' start-up at each epoch is left out)"
-            )
-        lines.append(line)
-        whole = _end_to_end(entry)
-        if whole:
-            lines.append(whole)
+    if speedup is None:
+        return []
+    verdict = _verdict(entry, speedup)
+    if "epoch_samples" not in entry or entry["epoch_samples"]:  # (an older file: not said)
+        line = f"speed-up {speedup:.2f}x per epoch ({verdict})"
+    else:  # an epoch of unknown length: its start-up is not in the rate
+        line = (
+            f"speed-up {speedup:.2f}x in the steady rate ({verdict}; the epoch's length is "
+            "unknown, so the workers' start-up at each epoch is left out)"
+        )
+    whole = _end_to_end(entry)
+    return [line, whole] if whole else [line]
+
+
+def _ceiling_line(entry: Mapping[str, Any], diag: Mapping[str, Any]) -> str | None:
+    """The estimated ceiling, what limits it, and how near the winner comes."""
     ceiling = diag.get("ceiling_samples_per_s")
-    if ceiling:
-        stage = str((diag.get("ceilings") or {}).get("limiting_stage") or "")
-        name = _STAGE_NAMES.get(stage, stage or "an unknown stage")
-        if stage == "consumer" and (diag.get("ceilings") or {}).get("step_floored"):
-            # the replay ran slower than a loop that also loaded: the step's own rate is unknown
-            name += ", at least as fast as a loop measured, which is all the probe could tell"
-        line = f"estimated ceiling {ceiling:,.0f} samples/s (limited by {name})"
-        percent = diag.get("percent_of_ceiling")
-        if percent is not None and percent > CEILING_EXCEEDED:
-            # The estimate is built from the probe's per-sample figures at one batch size and
-            # worker count; a winner elsewhere (in-process at a larger batch, whose fixed fetch
-            # cost a batch spreads thinner) can beat it. Then it bounds nothing.
-            line += (
-                f"; the winner's median rate is {percent:.0f}% of it: the probe's figures do "
-                "not hold for the winner's setting, so this is no bound"
-            )
-        else:
-            if percent is not None:
-                line += f"; the winner's median rate reaches {percent:.0f}% of it"
-            line += _ceiling_refuted(entry, ceiling)
-        lines.append(line)
+    if not ceiling:
+        return None
+    stage = str((diag.get("ceilings") or {}).get("limiting_stage") or "")
+    name = _STAGE_NAMES.get(stage, stage or "an unknown stage")
+    if stage == "consumer" and (diag.get("ceilings") or {}).get("step_floored"):
+        # the replay ran slower than a loop that also loaded: the step's own rate is unknown
+        name += ", at least as fast as a loop measured, which is all the probe could tell"
+    line = f"estimated ceiling {ceiling:,.0f} samples/s (limited by {name})"
+    percent = diag.get("percent_of_ceiling")
+    if percent is not None and percent > CEILING_EXCEEDED:
+        # The estimate is built from the probe's per-sample figures at one batch size and
+        # worker count; a winner elsewhere (in-process at a larger batch, whose fixed fetch
+        # cost a batch spreads thinner) can beat it. Then it bounds nothing.
+        return line + (
+            f"; the winner's median rate is {percent:.0f}% of it: the probe's figures do "
+            "not hold for the winner's setting, so this is no bound"
+        )
+    if percent is not None:
+        line += f"; the winner's median rate reaches {percent:.0f}% of it"
+    return line + _ceiling_refuted(entry, ceiling)
+
+
+def _best_at_batch_size_line(entry: Mapping[str, Any]) -> str | None:
+    """The best setting at the user's batch size, where the winner changes it."""
     at_bs = entry.get("best_at_batch_size")
     at_bs_kwargs = (at_bs or {}).get("loader_kwargs") or {}
     kwargs = entry.get("loader_kwargs") or {}
     if (
-        at_bs_kwargs.get("batch_size") is not None
-        and "batch_size" in kwargs
-        and at_bs_kwargs["batch_size"] != kwargs["batch_size"]
+        at_bs_kwargs.get("batch_size") is None
+        or "batch_size" not in kwargs
+        or at_bs_kwargs["batch_size"] == kwargs["batch_size"]
     ):
-        at_rate = (at_bs or {}).get("samples_per_s")
-        # your own settings, where nothing else at your batch size beat them: say so, or the
-        # baseline itself reads as a setting the search found
-        own = " (your own settings)" if at_bs_kwargs == _baseline_kwargs(entry) else ""
-        lines.append(
-            f"best at your batch size: {Config.from_kwargs(at_bs_kwargs).label()}{own} "
-            f"{_rate(at_rate)} samples/s{_at_batch_size_note(entry, at_bs_kwargs, at_rate)}; "
-            "the winner changes the batch size, so scale the learning rate with it (linearly "
-            "or by its square root)"
-        )
+        return None
+    at_rate = (at_bs or {}).get("samples_per_s")
+    # your own settings, where nothing else at your batch size beat them: say so, or the
+    # baseline itself reads as a setting the search found
+    own = " (your own settings)" if at_bs_kwargs == _baseline_kwargs(entry) else ""
+    return (
+        f"best at your batch size: {Config.from_kwargs(at_bs_kwargs).label()}{own} "
+        f"{rate_text(at_rate)} samples/s{_at_batch_size_note(entry, at_bs_kwargs, at_rate)}; "
+        "the winner changes the batch size, so scale the learning rate with it (linearly "
+        "or by its square root)"
+    )
+
+
+def _search_line(entry: Mapping[str, Any]) -> str:
+    """How many trials in how long, why the search stopped, and the study it resumed."""
     s = entry.get("search") or {}
     elapsed = s.get("elapsed_s")
     head = f"{s.get('n_trials', len(entry.get('trials') or []))} trials"
@@ -476,15 +290,7 @@ def summary_lines(rec: Recommendation | Mapping[str, Any]) -> list[str]:
         head += f"; resumed a study of {earlier} trials from earlier runs"
     if s.get("study_name"):
         head += f"; study {s['study_name']!r} in {s.get('storage') or 'an unknown storage'}"
-    lines.append(head)
-    short = _budget_too_short(entry)
-    if short:
-        lines.append(short)
-    for warning in diag.get("warnings") or []:
-        lines.append(f"warning: {warning}")
-    for advice in diag.get("advice") or []:
-        lines.append(f"advice: {advice}")
-    return lines
+    return head
 
 
 def _tuned_line(entry: Mapping[str, Any]) -> str | None:
@@ -504,27 +310,6 @@ def _tuned_line(entry: Mapping[str, Any]) -> str | None:
         recreated=bool(w.get("recreated_each_epoch")),
         key=w.get("key") or (),
     )
-
-
-def trials_table(trials: list[TrialResult]) -> Table:
-    table = Table(title="trials", title_justify="left")
-    for col in ("#", "phase", "setting", "samples/s", "per epoch", "blocked", "status"):
-        table.add_column(col)
-    for i, t in enumerate(trials, 1):
-        m = t.measurement
-        status = t.status if t.failure is None else f"{t.failure.kind}: {t.failure.message}"
-        if t.kept:
-            status += " (kept from an earlier run)"
-        table.add_row(
-            str(i),
-            t.phase,
-            t.config.label(),
-            _rate(t.samples_per_s),
-            _rate(t.epoch_samples_per_s),
-            _pct(m.blocked_fraction) if m else "-",
-            status,
-        )
-    return table
 
 
 def _at_batch_size_note(

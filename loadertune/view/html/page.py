@@ -17,7 +17,8 @@ from loadertune.results import store
 from loadertune.view.html.data import ReportData, pss_mib
 from loadertune.view.html.figures import knobs_figure, progress_figure, rate_figure, versus_figure
 from loadertune.view.html.usage import gpu_figure, memory_figure
-from loadertune.view.summary import summary_lines, summary_rows
+from loadertune.view.summary import summary_lines
+from loadertune.view.tables import summary_rows
 
 _CSS = """
 body { font-family: system-ui, sans-serif; color: #222;
