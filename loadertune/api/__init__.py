@@ -3,7 +3,8 @@ training (:func:`tuned`, ``loadertune run --tune``), and use saved settings
 (:func:`load_recommendation`, ``loadertune run``).
 """
 
-from loadertune.api.live import run_script_tuned, tuned
+from loadertune.api.live import tuned
+from loadertune.api.run_tuned import run_script_tuned
 from loadertune.api.saved import load_recommendation, run_script
 from loadertune.api.tune import tune_loader, tune_script
 

@@ -34,7 +34,7 @@ from loadertune.search import Observer, Search, SearchSettings
 from loadertune.trials import TrialRunner, leftovers
 
 if TYPE_CHECKING:
-    pass
+    from loadertune.trials.script.runner import ScriptRunner
 
 DEFAULT_BATCH_SIZE = 32  # the baseline's batch size when the user names none
 
@@ -343,21 +343,6 @@ def tune_script(
         "nproc_per_node": nproc_per_node,
     }
 
-    def found() -> dict[str, Any]:
-        info = runner.loader_info or {}
-        return {
-            "loader_index": info.get("index"),
-            "call_site": info.get("call_site"),
-            "key": info.get("key"),
-            "lines": info.get("lines"),
-            "dataset": info.get("dataset"),
-            "chosen_by": info.get("chosen_by"),
-            "rebuilt_by_framework": info.get("origin") is not None,
-            "recreated_each_epoch": runner.loader_recreated,
-            "batch_size_fixed": runner.batch_size_fixed,
-            "epoch_samples": runner.epoch_samples or info.get("epoch_samples"),
-        }
-
     try:
         rec = run_search(
             runner,
@@ -369,13 +354,30 @@ def tune_script(
             workload=workload,
         )
     except SearchInterrupted as exc:  # what was tuned, for save_partial's entry
-        exc.workload = {**workload, **found()}
+        exc.workload = {**workload, **_found(runner)}
         raise
-    rec.workload.update(found())
+    rec.workload.update(_found(runner))
     if runner.batch_size_fixed:  # the script's batch sampler decides: no batch size to say
         rec.loader_kwargs.pop("batch_size", None)
         rec.baseline_kwargs.pop("batch_size", None)
     return rec
+
+
+def _found(runner: ScriptRunner) -> dict[str, Any]:
+    """What a script's trials found of the loader they tuned, for the recommendation's workload."""
+    info = runner.loader_info or {}
+    return {
+        "loader_index": info.get("index"),
+        "call_site": info.get("call_site"),
+        "key": info.get("key"),
+        "lines": info.get("lines"),
+        "dataset": info.get("dataset"),
+        "chosen_by": info.get("chosen_by"),
+        "rebuilt_by_framework": info.get("origin") is not None,
+        "recreated_each_epoch": runner.loader_recreated,
+        "batch_size_fixed": runner.batch_size_fixed,
+        "epoch_samples": runner.epoch_samples or info.get("epoch_samples"),
+    }
 
 
 def _check_baseline(baseline: Mapping[str, Any]) -> None:

@@ -1,6 +1,6 @@
 """``loadertune run``: run a script for real with the saved settings (the work is in
 :func:`loadertune.api.saved.run_script`), or tune it while it trains (``--tune``:
-:func:`loadertune.api.live.run_script_tuned`)."""
+:func:`loadertune.api.run_tuned.run_script_tuned`)."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def run(
     report = lambda line: err.print(line, soft_wrap=True)  # noqa: E731
     try:
         if tune:
-            from loadertune.api.live import run_script_tuned
+            from loadertune.api.run_tuned import run_script_tuned
 
             code = run_script_tuned(
                 script,
