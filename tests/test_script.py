@@ -92,7 +92,7 @@ def test_a_validation_inside_the_epoch_is_left_out_of_the_window_and_is_no_hang(
     and than the 40 steps' loading: the validation's batches are signs of life, and its whole
     pass is left out of the training loader's window (it measured a fifth of the rate)."""
     limits = Limits(timeout_s=60, startup_s=30, hang_s=1)
-    rates = {}
+    samples = {}
     for arg in ("val", "none"):
         runner = ScriptRunner(SCRIPTS / "val_inside.py", args=[arg], loader=1)
         try:
@@ -105,8 +105,11 @@ def test_a_validation_inside_the_epoch_is_left_out_of_the_window_and_is_no_hang(
         finally:
             runner.close()
         assert result.ok, result.failure
-        rates[arg] = result.samples_per_s
-    assert rates["val"] > 0.5 * rates["none"], rates
+        m = result.measurement
+        assert m is not None and m.complete and 0 < m.samples_per_s < float("inf"), m
+        samples[arg] = (m.n_samples, m.n_batches)
+    # the window counts the training loader's batches of 16 only, not the validation's of 8
+    assert all(n == 16 * batches > 0 for n, batches in samples.values()), samples
 
 
 def test_a_validation_inside_the_epoch_is_left_out_of_a_whole_epochs_window_too() -> None:
@@ -220,7 +223,10 @@ def test_a_persistent_settings_start_up_waits_for_no_batch_queued_before() -> No
 def test_a_clearly_worse_trial_is_pruned_mid_window() -> None:
     result = run("style_alias.py", Config(16), window_s=2.0, should_stop=lambda i, rate: i >= 0)
     assert result.pruned and result.measurement is not None
-    assert result.measurement.window_s < 1.5
+    # stopped at a sub-window's end, not run to its length (the trial process reads the
+    # answer to sub-window 0 at a later one: when, the machine's load decides)
+    m = result.measurement
+    assert m.stopped_early and not m.complete and len(m.sub_window_samples_per_s) < 4, m
 
 
 def test_every_message_the_trial_process_sends_has_a_handler() -> None:
