@@ -28,7 +28,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from loadertune.config import Config
 from loadertune.trials import Limits, TrialResult, window_for
-from loadertune.trials.hotswap.swap import HotSwap, Outcome, Step
+from loadertune.trials.hotswap.steps import Outcome, Step
+from loadertune.trials.hotswap.swap import HotSwap
 from loadertune.trials.inline import InlineRunner
 
 SETTINGS = [

@@ -38,8 +38,7 @@ from loadertune import hardware, tune_loader
 from loadertune.config import Config
 from loadertune.search.confirm import interleaved
 from loadertune.search.memory import MIB, fit
-from loadertune.trials import Limits, TrialResult, window_for
-from loadertune.trials import loader as dl
+from loadertune.trials import Limits, TrialResult, cuda, window_for
 from loadertune.trials.inline import InlineRunner
 
 from bench_workloads import train_images
@@ -240,7 +239,7 @@ def main() -> None:
         )
 
     batch = next(iter(torch.utils.data.DataLoader(dataset, batch_size=max(sizes))))
-    out["transfer"] = dl.transfer_rates(batch, repeats=20)
+    out["transfer"] = cuda.transfer_rates(batch, repeats=20)
     print(f"\nhost-to-device, batch {max(sizes)}: {out['transfer']}")
 
     points = []

@@ -14,8 +14,7 @@ from torch.utils.data import Dataset
 from loadertune.config import Config
 from loadertune.measure import nvml
 from loadertune.search.memory import fit
-from loadertune.trials import Limits, window_for
-from loadertune.trials import loader as dl
+from loadertune.trials import Limits, cuda, window_for
 from loadertune.trials.inline import InlineRunner
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
@@ -83,7 +82,7 @@ def test_nvml_sees_the_gpu_and_samples_a_busy_window() -> None:
 
 
 def test_pinned_copies_are_at_least_as_fast_as_pageable() -> None:
-    rates = dl.transfer_rates(torch.rand(256, 3, 224, 224), repeats=20)
+    rates = cuda.transfer_rates(torch.rand(256, 3, 224, 224), repeats=20)
     assert rates is not None
     # both copies measured (which is faster varies with the machine's load: scripts/ compares)
     assert all(0 < rates[k] < float("inf") for k in ("pinned_gb_per_s", "pageable_gb_per_s"))

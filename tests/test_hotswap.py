@@ -18,7 +18,8 @@ from loadertune.measure.meter import WindowSpec
 from loadertune.trials import torch_internals as _internals
 from loadertune.trials.contract import window_for
 from loadertune.trials.hotswap.segment import EpochOrder
-from loadertune.trials.hotswap.swap import HotSwap, Outcome, Step, why_not
+from loadertune.trials.hotswap.steps import Outcome, Step, why_not
+from loadertune.trials.hotswap.swap import HotSwap
 
 pytestmark = pytest.mark.slow
 

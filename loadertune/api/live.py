@@ -104,7 +104,8 @@ class Tuner:
     def epoch(self, loader: DataLoader[Any], original: OriginalIter | None = None) -> Iterator[Any]:
         """What iterating ``loader`` returns: the first call starts the tuning."""
         from loadertune.trials import loader as dl
-        from loadertune.trials.hotswap.swap import HotSwap, why_not
+        from loadertune.trials.hotswap.steps import why_not
+        from loadertune.trials.hotswap.swap import HotSwap
 
         if self.swap is None and not self.untuned:
             why = why_not(loader) or self._shared_handles(loader)
@@ -156,7 +157,7 @@ class Tuner:
         when it cannot be (another batch size: a schedule of batch sizes is the script's own),
         leave it and every later one as the script builds them, the search stopped there."""
         from loadertune.trials import loader as dl
-        from loadertune.trials.hotswap.swap import why_not
+        from loadertune.trials.hotswap.steps import why_not
 
         assert self.swap is not None
         why = why_not(loader)

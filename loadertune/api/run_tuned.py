@@ -73,7 +73,7 @@ class _TuneScript:
                 key=list(record.identity),
                 lines=list(record.lines),
             )
-            from loadertune.trials.hotswap.swap import why_not
+            from loadertune.trials.hotswap.steps import why_not
 
             self.apply.report(
                 ("loadertune: tuning " if why_not(loader) is None else "loadertune: found ")

@@ -1,4 +1,5 @@
-"""The library API: ``tune_loader``, ``tune_script``, ``load_recommendation``, ``run_script``.
+"""Search for settings: ``tune_loader`` (a dataset and a step, trials in this process) and
+``tune_script`` (an unmodified script, trials in its own processes).
 
 Each entry point checks its inputs, builds one :class:`~loadertune.search.SearchSettings`, hands
 a trial runner to the search, and turns the outcome into a

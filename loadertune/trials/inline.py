@@ -31,7 +31,7 @@ from loadertune.errors import UserCodeError
 from loadertune.measure.failures import Failure, FailureKind, classify_exception
 from loadertune.measure.meter import Meter, WindowSpec
 from loadertune.measure.resources import multiprocessing_helper
-from loadertune.trials import handles, leftovers, lifeline
+from loadertune.trials import cuda, handles, leftovers, lifeline
 from loadertune.trials import loader as dl
 from loadertune.trials import torch_internals as _internals
 from loadertune.trials.contract import BaseRunner, Limits, TrialRequest, TrialResult
@@ -167,7 +167,7 @@ class InlineRunner(BaseRunner):
             return self._user_step
         if self.cuda_available:
             device = torch.device("cuda", torch.cuda.current_device())
-            return lambda batch: dl.to_device(batch, device, config.pin_memory)
+            return lambda batch: cuda.to_device(batch, device, config.pin_memory)
         return None
 
     def _loader(self, config: Config, limits: Limits) -> DataLoader[Any]:
@@ -184,7 +184,7 @@ class InlineRunner(BaseRunner):
         first = next(dl.started(loader))
         if self.bytes_per_sample is None:
             self.bytes_per_sample = dl.bytes_per_sample(first)
-        self._transfer = dl.transfer_rates(first)
+        self._transfer = cuda.transfer_rates(first)
         return dl.Repeat(first)
 
     def _trial(self, config: Config | None, request: TrialRequest) -> TrialResult:
@@ -196,13 +196,13 @@ class InlineRunner(BaseRunner):
         self._handles_warning = []  # (said once)
         result = TrialResult(config, phase=request.phase)
         before = set(_children())
-        dl.reset_cuda_peaks()
+        cuda.reset_cuda_peaks()
         sup = Supervisor(
             os.getpid(),
             limits=limits,
             should_stop=request.should_stop,
             gpu_index=self.gpu_index,
-            find_gpu=dl.nvml_index_for_current_device,  # the first trial may be what starts CUDA
+            find_gpu=cuda.nvml_index_for_current_device,  # the first trial may be what starts CUDA
         )
         sup.workers = 0 if replay else config.num_workers
         dog = _Watchdog(sup, before)
@@ -252,7 +252,7 @@ class InlineRunner(BaseRunner):
             window,
             count=dl.sample_counter(loader),
             sink=sup,
-            sync=dl.cuda_sync,
+            sync=cuda.cuda_sync,
             measure_cpu=config.num_workers == 0 and not replay,
         )
         self._loop(meter, held.batches, step)
@@ -314,16 +314,16 @@ class InlineRunner(BaseRunner):
         held.loader = held.batches = held.meter = None
         gc.collect()
         result.orphans_killed += kill_new_children(before)
-        result.cuda_peak_allocated_bytes, result.cuda_peak_reserved_bytes = dl.cuda_peaks()
-        result.cuda_capacity_bytes = dl.cuda_capacity()
+        result.cuda_peak_allocated_bytes, result.cuda_peak_reserved_bytes = cuda.cuda_peaks()
+        result.cuda_capacity_bytes = cuda.cuda_capacity()
         if replay and self._transfer is not None:
             result.transfer, self._transfer = self._transfer, None
         if torch.cuda.is_initialized():
-            result.cuda_device = dl.cuda_bus_id()
+            result.cuda_device = cuda.cuda_bus_id()
             if result.failure is not None:
                 torch.cuda.empty_cache()  # after an OOM, give the allocator a clean slate
             if self.gpu_index is None:
-                self.gpu_index = dl.nvml_index_for_current_device()
+                self.gpu_index = cuda.nvml_index_for_current_device()
         self.uses_cuda = self._step_uses_cuda()
 
     def _check_sharding(self, config: Config) -> list[str]:

@@ -35,6 +35,7 @@ from loadertune.config import Config
 from loadertune.errors import ScriptError
 from loadertune.measure import failures
 from loadertune.measure.failures import Failure, FailureKind
+from loadertune.trials import cuda
 from loadertune.trials import loader as dl
 from loadertune.trials import torch_internals as _internals
 from loadertune.trials.contract import (
@@ -44,7 +45,8 @@ from loadertune.trials.contract import (
     empty_window,
     window_for,
 )
-from loadertune.trials.hotswap.swap import HotSwap, Outcome, Step
+from loadertune.trials.hotswap.steps import Outcome, Step
+from loadertune.trials.hotswap.swap import HotSwap
 from loadertune.trials.inside.epochs import EpochLengths
 from loadertune.trials.inside.patch import length_asked
 from loadertune.trials.supervisor import Supervisor
@@ -113,12 +115,12 @@ class LiveConductor:
             self._refuse(slot, config)  # asked before the search heard the length was asked
             return None
         self._slot = slot
-        dl.reset_cuda_peaks()
+        cuda.reset_cuda_peaks()
         sup = slot.sup = Supervisor(
             self.runner.root_pid,
             limits=slot.request.limits,
             should_stop=slot.request.should_stop,
-            find_gpu=dl.nvml_index_for_current_device,  # the training's own process
+            find_gpu=cuda.nvml_index_for_current_device,  # the training's own process
             rests_fail=False,
         )
         sup.workers = config.num_workers
@@ -232,9 +234,9 @@ class LiveConductor:
                     result.failure, outcome.loaded_with.label()
                 )
         sup.__exit__(None, None, None)
-        result.cuda_peak_allocated_bytes, result.cuda_peak_reserved_bytes = dl.cuda_peaks()
-        result.cuda_capacity_bytes = dl.cuda_capacity()
-        result.cuda_device = dl.cuda_bus_id()
+        result.cuda_peak_allocated_bytes, result.cuda_peak_reserved_bytes = cuda.cuda_peaks()
+        result.cuda_capacity_bytes = cuda.cuda_capacity()
+        result.cuda_device = cuda.cuda_bus_id()
         result.extra["loader"] = self.runner.loader_info
         slot.result = result
         slot.done.set()

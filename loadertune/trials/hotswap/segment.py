@@ -1,11 +1,27 @@
 """One setting's loader over what is left of the epoch: the pieces a
-:class:`~loadertune.trials.hotswap.swap.HotSwap` changes setting with (see its module docstring for
-why nothing is skipped or seen twice within an epoch).
+:class:`~loadertune.trials.hotswap.swap.HotSwap` changes setting with.
 
 An :class:`EpochOrder` holds the epoch's order, taken once from the script's sampler, and how far
 the script has received it; a :class:`Segment` is a plain ``DataLoader`` built from the script's
 loader with one setting applied and, as its batch sampler, the part of that order the script has
 not received yet.
+
+**Nothing is skipped or seen twice within an epoch.** The epoch's order is taken from the script's
+sampler once (lazily, as iterating the loader would: the same draws of the RNG, in the same order)
+into an :class:`~loadertune.trials.hotswap.segment.EpochOrder`. A segment's batch sampler reads
+that order from the script's position on; a DataLoader hands batches over in the order its batch
+sampler made them (``in_order=True``), so each batch the script receives moves the position by
+exactly the indices it holds. Batches a segment prefetched but did not hand over are fetched again
+by the next one, not lost; in a real training run they are handed over first instead (``drain``).
+At the same batch size the batches are exactly those of a single setting (the position moves by
+whole batches); at another, the rest of the epoch is regrouped at the new size.
+With ``drop_last``, the short tail dropped at the end of an epoch is that of the setting in use
+then.
+
+**What differs from iterating one loader:** each segment's iterator draws its workers' base seed
+from the loader's generator (torch's global one by default), as a new epoch does: one more draw
+per setting. Worker-side randomness (augmentation) therefore differs from an untuned run, as it
+does between two runs with other worker counts.
 """
 
 from __future__ import annotations
@@ -324,3 +340,25 @@ class Segment:
         for it in (self.iterator, _internals.live_iterator(self.loader)):
             _internals.shut_down(it)
         self.iterator = None
+
+
+def loads_next_batch(
+    loader: DataLoader[Any],
+    config: Config,
+    order: EpochOrder | None,
+    *,
+    regroup: bool,
+    timeout_s: float | None,
+) -> bool:
+    """Whether ``loader`` with ``config`` loads the batch at the script's position in ``order``
+    (a bad record raises with every setting); the batch is loaded and dropped."""
+    check = Segment(loader, config, regroup=regroup, timeout_s=timeout_s)
+    check.order = order
+    try:
+        check.first_batch_unreceived()
+        return True
+    except Exception:
+        return False
+    finally:
+        check.close()
+        _internals.forget_deaths()

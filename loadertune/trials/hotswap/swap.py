@@ -12,46 +12,12 @@ hears how each one went: the search in a script's trial process
 (:mod:`loadertune.trials.inside.sequence`), or the tuner inside a real training run
 (:mod:`loadertune.trials.hotswap.live_runner`).
 
-**Nothing is skipped or seen twice within an epoch.** The epoch's order is taken from the script's
-sampler once (lazily, as iterating the loader would: the same draws of the RNG, in the same order)
-into an :class:`~loadertune.trials.hotswap.segment.EpochOrder`. A segment's batch sampler reads
-that order from the script's position on; a DataLoader hands batches over in the order its batch
-sampler made them (``in_order=True``), so each batch the script receives moves the position by
-exactly the indices it holds. Batches a segment prefetched but did not hand over are fetched again
-by the next one, not lost; in a real training run they are handed over first instead (``drain``).
-At the same batch size the batches are exactly those of a single setting (the position moves by
-whole batches); at another, the rest of the epoch is regrouped at the new size.
-With ``drop_last``, the short tail dropped at the end of an epoch is that of the setting in use
-then.
+**Nothing is skipped or seen twice within an epoch**, and what differs from iterating one
+loader: see :mod:`loadertune.trials.hotswap.segment`. What is swapped and what is not (a custom
+``batch_sampler`` is): :mod:`loadertune.trials.hotswap.steps`.
 
-**A script that asked its loader's length gets no more batches per epoch** (in a trial process:
-``keep_length``). A smaller batch size, or the replay's one batch handed over again and again,
-would give an epoch more batches than ``len(loader)`` said, and a script may count on it: a
-``OneCycleLR`` sized by ``epochs * len(loader)`` raises at the step past its last. Once anything
-has asked the length (:func:`~loadertune.trials.inside.patch.promised_batches`), an epoch ends after
-that many batches, and the rest of its samples are left out: a trial measures the loop, not the
-training, and every later epoch starts whole. A real training run (``keep_length=False``) keeps
-every sample instead: there a smaller batch size the user allowed gives more steps per epoch.
-
-**What differs from iterating one loader:** each segment's iterator draws its workers' base seed
-from the loader's generator (torch's global one by default), as a new epoch does: one more draw
-per setting. Worker-side randomness (augmentation) therefore differs from an untuned run, as it
-does between two runs with other worker counts.
-
-**What is not swapped** (:func:`why_not`; such a loader gets a fresh process per setting):
-
-- an ``IterableDataset``: every worker restarts its own stream, so there is no position to resume
-  an epoch from;
-- no automatic batching (``batch_size=None`` and no ``batch_sampler``): samples are not grouped
-  by a batch sampler the swap could resume;
-- ``in_order=False``: batches arrive in the order workers finish them, so which samples the
-  script has received is not known;
-- a ``DataLoader`` subclass that changes how its iterator is made (``_get_iterator``,
-  ``_index_sampler``): a plain DataLoader per setting would not do what it does.
-
-A custom ``batch_sampler`` is swapped as it is: its batches are taken once per epoch, as the
-loader would take them, and handed to each setting in turn; its batch size cannot change (the
-search never changes it: the batch sampler decides).
+**A script that asked its loader's length gets no more batches per epoch** (``keep_length``,
+in a trial process): see :mod:`loadertune.trials.hotswap.lengths`.
 """
 
 from __future__ import annotations
@@ -59,118 +25,20 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Iterator
+from typing import Any
 
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader
 
 from loadertune.config import Config
-from loadertune.measure.meter import Measurement, Meter, Sink, WindowSpec
+from loadertune.measure.meter import Meter
+from loadertune.trials import cuda
 from loadertune.trials import loader as dl
 from loadertune.trials import torch_internals as _internals
-from loadertune.trials.hotswap.segment import EpochOrder, Segment
-from loadertune.trials.inside.patch import mark_length_asked, promised_batches
-
-
-def why_not(loader: DataLoader[Any]) -> str | None:
-    """Why ``loader`` cannot change setting mid-epoch (see the module docstring), or None."""
-    if isinstance(loader.dataset, IterableDataset):
-        return "an IterableDataset (each worker restarts its stream: an epoch cannot be resumed)"
-    if loader.batch_size is None and loader.batch_sampler is None:
-        return "no automatic batching (batch_size=None without a batch_sampler)"
-    if not getattr(loader, "in_order", True):
-        return "in_order=False (batches arrive out of order: the position is not known)"
-    cls = type(loader)
-    changed = [
-        name
-        for name in _internals.ITERATOR_HOOKS
-        if getattr(cls, name, None) is not getattr(DataLoader, name, None)
-    ]
-    if changed:
-        return f"{cls.__qualname__} overrides {', '.join(changed)}"
-    return None
-
-
-@dataclass
-class Step:
-    """What the loop runs next: ``config`` measured over ``window``, or, with ``window=None``,
-    unmeasured until the conductor has another step."""
-
-    config: Config
-    window: WindowSpec | None = None
-    phase: str = "search"
-    sink: Sink | None = None
-    worker_timeout_s: float | None = None  # the DataLoader's timeout (Limits.worker_timeout_s)
-
-
-@dataclass
-class Outcome:
-    """How a measured step went: its measurement, or what the loader raised."""
-
-    step: Step
-    measurement: Measurement | None = None
-    error: BaseException | None = None
-    no_batches: str | None = None  # why the setting yields no batch at all
-    epoch_samples: int | None = None
-    bytes_per_sample: float | None = None
-    transfer: dict[str, float] | None = None
-    worker_signals: tuple[int, ...] = ()
-    loaded_with: Config | None = None  # the setting that loaded the batch ``error`` was for
-    ran: dict[str, Any] = field(default_factory=dict)  # what its loader ran with (Segment.ran)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-class Conductor(Protocol):
-    """Says which setting runs next and hears how each measured one went."""
-
-    def next_step(self) -> Step | None:
-        """The next step; None: none yet (the setting in use goes on, unmeasured)."""
-
-    def finished(self, outcome: Outcome) -> bool:
-        """A measured step ended (its workers are still up); True: it worked, keep it running,
-        unmeasured, until the next step (False: stop its workers)."""
-
-
-class _Run:
-    """A step in progress: its segment, its meter (None when unmeasured) and its iterator."""
-
-    def __init__(
-        self,
-        step: Step,
-        segment: Segment,
-        replayed: Any = None,
-        *,
-        mid_epoch: bool = False,
-        epoch_batches: int | None = None,
-        epoch_left: int | None = None,
-    ) -> None:
-        self.step, self.segment = step, segment
-        self.meter: Meter | None = None
-        self.replayed = replayed  # the replay's one batch, handed over again and again
-        self.it: Iterator[Any] | None = None
-        self.draining = False  # handing over its batches in flight before the next step
-        self.loaded_with: Config | None = None  # a setting that loaded the batch it raised for
-        if step.window is not None:
-            self.meter = Meter(
-                step.window,
-                count=segment.count,  # (the replayed batch's samples, during a replay)
-                sink=step.sink,
-                sync=dl.cuda_sync,
-                measure_cpu=step.config.num_workers == 0 and step.phase != "replay",
-                mid_epoch=mid_epoch,
-                persistent=step.config.persistent_workers and step.config.num_workers > 0,
-                epoch_batches=epoch_batches,
-                epoch_left=epoch_left,
-            )
-
-    def enter(self, order: EpochOrder) -> None:
-        """Go on into ``order``'s epoch (or start in it)."""
-        self.segment.order = order
-        source: Iterable[Any] = self.segment
-        if self.replayed is not None:
-            source = order.counted(iter(dl.Repeat(self.replayed)))
-        self.it = self.meter.wrap(source) if self.meter is not None else iter(source)
+from loadertune.trials.hotswap.lengths import SwapLengths
+from loadertune.trials.hotswap.segment import EpochOrder, Segment, loads_next_batch
+from loadertune.trials.hotswap.steps import Conductor, Outcome, Raised, Run, Step, why_not
+from loadertune.trials.inside.patch import mark_length_asked
 
 
 class HotSwap:
@@ -183,7 +51,7 @@ class HotSwap:
             setting that worked (a real training run); False: let it raise (a trial process,
             which the search then replaces).
         keep_length: an epoch gives at most ``len(loader)`` batches once anything has asked it
-            (a trial process; see the module docstring); False: every sample of every epoch.
+            (a trial process; see :mod:`~loadertune.trials.hotswap.lengths`); False: every sample.
         drain: before the next step starts, hand over the batches the workers of the setting in
             use have in flight (a real training run: they are loading work done already, and
             throwing them away slows the tuned epochs noticeably); False: drop them, the next
@@ -208,14 +76,13 @@ class HotSwap:
         self.fall_back = fall_back
         self.keep_length = keep_length
         self.drain = drain
-        self._promised: tuple[DataLoader[Any], int] | None = None  # len(loader), once asked
         self.regroup = loader.batch_size is not None
-        self.current: _Run | None = None
+        self.lengths = SwapLengths(loader, regroup=self.regroup, keep_length=keep_length)
+        self.current: Run | None = None
         self.good: Config | None = None  # the last setting that ran without failing
         self._order: EpochOrder | None = None
         self._pending: list[Any] = []  # batches fetched already, handed over first
         self._deferred: Step | None = None  # came at an epoch's end: starts with the next
-        self._sampler_samples: int | None = None  # an epoch of a batch sampler's own batches
         self.n_loaders = 1  # the script's loaders this swap has served (created again: more)
 
     # -- what the script iterates ----------------------------------------------------------------
@@ -223,7 +90,7 @@ class HotSwap:
     def epoch(self) -> Iterator[Any]:
         """What ``iter(loader)`` returns: one epoch's batches, whatever setting is in use."""
         source = self.loader.sampler if self.regroup else self.loader.batch_sampler
-        order = EpochOrder(source, limit=self._limit(), batches=not self.regroup)  # type: ignore[arg-type]
+        order = EpochOrder(source, limit=self.lengths.limit(), batches=not self.regroup)  # type: ignore[arg-type]
         return self._enter(order)
 
     def follow(self, loader: DataLoader[Any]) -> None:
@@ -234,7 +101,7 @@ class HotSwap:
         created every epoch starts its workers every epoch anyway)."""
         if loader is self.loader:
             return
-        self.loader = loader
+        self.loader = self.lengths.loader = loader
         self.n_loaders += 1
         run = self.current
         if run is None:
@@ -256,26 +123,12 @@ class HotSwap:
         dropped its short tail already, and each setting then drops its own."""
         units = itertools.chain.from_iterable(batches) if self.regroup else batches
         return self._enter(
-            EpochOrder(units, limit=self._limit(), given=given, batches=not self.regroup)
+            EpochOrder(units, limit=self.lengths.limit(), given=given, batches=not self.regroup)
         )
-
-    def _limit(self) -> Callable[[], int | None] | None:
-        """What tells an epoch how many batches it may give the script (see the module
-        docstring): None in a real run, which keeps every sample."""
-        return self._batches_promised if self.keep_length else None
-
-    def _batches_promised(self) -> int | None:
-        loader = self.loader  # (a loader created again replaces it)
-        if self._promised is not None and self._promised[0] is loader:
-            return self._promised[1]  # asked once, said for good: not its dataset's len() again
-        promised = promised_batches(loader)
-        if promised is not None:
-            self._promised = (loader, promised)
-        return promised
 
     def _enter(self, order: EpochOrder) -> Iterator[Any]:
         if self._order is not None and not self.regroup:  # the epoch left: its batches' count
-            self._sampler_samples = self._order.samples() or self._sampler_samples
+            self.lengths.sampler_samples = self._order.samples() or self.lengths.sampler_samples
         self._order = order
         self._pending.clear()  # fetched for an epoch the script has left
         if self.current is not None and self.current.draining:
@@ -290,7 +143,7 @@ class HotSwap:
         while True:
             if self._pending:
                 batch = self._pending.pop(0)
-                if isinstance(batch, _Raised):  # (the re-entry's first batch raised)
+                if isinstance(batch, Raised):  # (the re-entry's first batch raised)
                     if self.current is not None and self._ours(self.current, batch.exc):
                         self._recover(self.current, batch.exc)
                         continue
@@ -303,26 +156,10 @@ class HotSwap:
                     assert run.it is not None
                     return next(run.it)
                 if run is None or run.meter is None:
-                    step, self._deferred = self._deferred or self.conductor.next_step(), None
-                    if step is None and run is None:
-                        if self.good is None and not self.fall_back:
-                            raise RuntimeError("the conductor gave no first setting")
-                        # A real run whose tuning gave no setting that worked (its baseline
-                        # failed, the search ended) goes on with the loader's own.
-                        step = Step(self.good or dl.settings_of(self.loader))
-                    if step is not None and self._nothing_left(step, order):
-                        # nothing of this epoch is left to give (a whole-epoch window ended
-                        # it): the step starts with the next epoch, from its start
-                        self._deferred = step
-                        raise StopIteration
-                    if step is not None and self._drains(run):
-                        self._deferred = step  # starts where the batches in flight end
+                    run = self._next_run(run, order)
+                    if run is None:
                         continue
-                    if step is not None:
-                        run = self._begin(step, order)
-                        if run is None:
-                            continue
-                assert run is not None and run.it is not None
+                assert run.it is not None
                 return next(run.it)
             except StopIteration:
                 if run is not None and run.meter is not None and run.meter.done:
@@ -333,73 +170,65 @@ class HotSwap:
                     continue
                 raise  # the epoch is over
             except Exception as exc:
-                run = self.current  # the step that raised (_begin may have replaced ``run``)
-                if run is not None and run.draining:  # the next step fetches the rest again
-                    self._close(run)
-                    _internals.forget_deaths()
-                    continue
-                if run is not None and self._ours(run, exc):
-                    self._recover(run, exc)
-                    continue
-                if (
-                    not self.fall_back
-                    or run is None
-                    or run.meter is None
-                    or self.good is None
-                    or self._bad_record(run, exc)
-                ):
-                    if run is not None:
-                        run.segment.passed_on(exc)  # to the script, which may go on
+                if not self._handled(exc):
                     raise
-                self._failed(run, exc)
+
+    def _next_run(self, run: Run | None, order: EpochOrder) -> Run | None:
+        """No measured step is under way (``run``: the setting in use, unmeasured, if any): the
+        conductor's next step begins here, or ``run`` goes on; None: look again (the step
+        waits for batches in flight, or yields no batch at all). Raises StopIteration where
+        the step starts with the next epoch."""
+        step, self._deferred = self._deferred or self.conductor.next_step(), None
+        if step is None and run is None:
+            if self.good is None and not self.fall_back:
+                raise RuntimeError("the conductor gave no first setting")
+            # A real run whose tuning gave no setting that worked (its baseline failed, the
+            # search ended) goes on with the loader's own.
+            step = Step(self.good or dl.settings_of(self.loader))
+        if step is None:
+            return run
+        if self._nothing_left(step, order):
+            # nothing of this epoch is left to give (a whole-epoch window ended it): the step
+            # starts with the next epoch, from its start
+            self._deferred = step
+            raise StopIteration
+        if self._drains(run):
+            self._deferred = step  # starts where the batches in flight end
+            return None
+        return self._begin(step, order)
+
+    def _handled(self, exc: Exception) -> bool:
+        """What the step in use raised: True where the loop goes on without it (a step handing
+        over its batches in flight, loadertune's own failure, a measured setting's failure in a
+        real run); False where the script gets it, as its own loader would raise it."""
+        run = self.current  # the step that raised (_begin may have replaced the last one)
+        if run is not None and run.draining:  # the next step fetches the rest again
+            self._close(run)
+            _internals.forget_deaths()
+            return True
+        if run is not None and self._ours(run, exc):
+            self._recover(run, exc)
+            return True
+        if (
+            not self.fall_back
+            or run is None
+            or run.meter is None
+            or self.good is None
+            or self._bad_record(run, exc)
+        ):
+            if run is not None:
+                run.segment.passed_on(exc)  # to the script, which may go on
+            return False
+        self._failed(run, exc)
+        return True
 
     # -- steps -----------------------------------------------------------------------------------
 
     def epoch_samples(self, config: Config) -> int | None:
-        """Samples per epoch with ``config`` (None: unknown). Where the script's batch sampler
-        decides, its own: from its ``batch_size``, or else from its batches
-        (:meth:`EpochOrder.samples`)."""
-        if not self.regroup:
-            known = dl.epoch_samples(self.loader)
-            if known is None and self._order is not None:
-                # (an epoch just begun has taken no batch yet: the last epoch's figure)
-                self._sampler_samples = self._order.samples() or self._sampler_samples
-                return self._sampler_samples
-            return known
-        try:
-            n = len(self.loader.sampler)  # type: ignore[arg-type]
-        except TypeError:
-            return None
-        return n // config.batch_size * config.batch_size if self.loader.drop_last else n
+        """Samples per epoch with ``config`` (None: unknown; see :class:`SwapLengths`)."""
+        return self.lengths.epoch_samples(config, self._order)
 
-    def _epoch_batches(self, step: Step) -> int | None:
-        """The batches a whole epoch gives ``step``'s setting (the script may count on no more:
-        ``keep_length``); None where the batch sampler decides or the length is unknown."""
-        n = self.epoch_samples(step.config)
-        if not n or not self.regroup:
-            return None
-        batches = -(-n // step.config.batch_size)  # (with drop_last, n holds whole batches)
-        promised = self._epoch_limit()
-        return min(batches, promised) if promised else batches
-
-    def _epoch_limit(self) -> int | None:
-        """The batches an epoch may give the script now (None: no limit; see :meth:`_limit`)."""
-        limit = self._limit()
-        return limit() if limit is not None else None
-
-    def _batches_left(self, step: Step, order: EpochOrder) -> int | None:
-        """The batches the epoch under way has left for ``step``'s setting, from the script's
-        position in it (None: unknown): a whole-epoch window begun here runs across the epoch's
-        end only where its warm-up is shorter (:func:`loadertune.measure.meter.cycle_warmup`)."""
-        if not self.regroup or order.length is None:
-            return None
-        bs = step.config.batch_size
-        samples = order.length - order.position
-        left = samples // bs if self.loader.drop_last else -(-samples // bs)
-        promised = self._epoch_limit()
-        return max(0, min(left, promised - order.given) if promised else left)
-
-    def _drains(self, run: _Run | None) -> bool:
+    def _drains(self, run: Run | None) -> bool:
         """Begin handing over ``run``'s batches in flight, and no more of its epoch (with
         ``drain``, for a setting with workers): True when it has begun."""
         if not self.drain or run is None or run.it is None or not run.step.config.num_workers:
@@ -409,7 +238,7 @@ class HotSwap:
         run.draining = True
         return True
 
-    def _take_in_flight(self, run: _Run, batches: Iterator[Any]) -> None:
+    def _take_in_flight(self, run: Run, batches: Iterator[Any]) -> None:
         """Fetch ``run``'s batches in flight now, to be handed over first (``_pending``): its
         workers then sit idle, as at an epoch's start. A failure keeps those fetched; the
         rest are fetched again by what comes next."""
@@ -426,7 +255,7 @@ class HotSwap:
         need = step.config.batch_size if self.regroup and self.loader.drop_last else 1
         return self.epoch_samples(step.config) != 0 and not order.has_left(need)
 
-    def _begin(self, step: Step, order: EpochOrder) -> _Run | None:
+    def _begin(self, step: Step, order: EpochOrder) -> Run | None:
         """Start ``step`` at the script's position (the setting in use gives way first); None
         when the setting yields no batch at all (reported as such)."""
         if self.current is not None:
@@ -446,14 +275,14 @@ class HotSwap:
         segment.order = order
         replayed = segment.first_batch_unreceived() if step.phase == "replay" else None
         started = order.position > 0 or order.given > 0  # the script is in the epoch's middle
-        batches = self._epoch_batches(step)
-        run = self.current = _Run(
+        batches = self.lengths.epoch_batches(step, order)
+        run = self.current = Run(
             step,
             segment,
             replayed,
             mid_epoch=started,
             epoch_batches=batches,
-            epoch_left=self._batches_left(step, order) if started and batches else None,
+            epoch_left=self.lengths.batches_left(step, order) if started and batches else None,
         )
         run.enter(order)
         return run
@@ -470,7 +299,7 @@ class HotSwap:
         for name, value in shown.items():
             object.__setattr__(self.loader, name, value)
 
-    def _end(self, run: _Run) -> None:
+    def _end(self, run: Run) -> None:
         """The window is full: measure a persistent setting's re-entry, report, go on."""
         meter = run.meter
         assert meter is not None
@@ -493,7 +322,7 @@ class HotSwap:
             except StopIteration:
                 run.it = None
             except Exception as exc:  # the script gets it next, as its own loader would raise it
-                self._pending.append(_Raised(run.segment, exc))
+                self._pending.append(Raised(run.segment, exc))
                 run.it = it
         elif run.step.phase == "replay":
             run.it = None
@@ -508,7 +337,7 @@ class HotSwap:
         )
         if run.replayed is not None:
             outcome.bytes_per_sample = dl.bytes_per_sample(run.replayed)
-            outcome.transfer = dl.transfer_rates(run.replayed)
+            outcome.transfer = cuda.transfer_rates(run.replayed)
         keep = self.conductor.finished(outcome)
         if keep and run.step.phase != "replay":
             self.good = cfg
@@ -516,7 +345,7 @@ class HotSwap:
         if not keep or run.it is None:
             self._close(run)
 
-    def _bad_record(self, run: _Run, exc: BaseException) -> bool:
+    def _bad_record(self, run: Run, exc: BaseException) -> bool:
         """Whether the batch ``run``'s measured setting raised for (the dataset's or
         ``collate_fn``'s error) raises with the last good setting too: a bad record, which no
         setting loads. Its error then goes to the script, which may skip the batch and go on
@@ -533,23 +362,18 @@ class HotSwap:
         good = self.good
         if self.regroup and good.batch_size != run.step.config.batch_size:
             good = dataclasses.replace(good, batch_size=run.step.config.batch_size)
-        check = Segment(
-            self.loader, good, regroup=self.regroup, timeout_s=run.step.worker_timeout_s
+        bad = not loads_next_batch(
+            self.loader,
+            good,
+            self._order,
+            regroup=self.regroup,
+            timeout_s=run.step.worker_timeout_s,
         )
-        check.order = self._order
-        try:
-            check.first_batch_unreceived()
-            bad = False
-        except Exception:
-            bad = True
-        finally:
-            check.close()
-            _internals.forget_deaths()
         meter.left_out(time.perf_counter() - t, since)
         run.loaded_with = None if bad else good
         return bad
 
-    def _ours(self, run: _Run, exc: BaseException) -> bool:
+    def _ours(self, run: Run, exc: BaseException) -> bool:
         """Whether ``exc`` is loadertune's failure, not the script's to see: in a real run
         (``fall_back``), the workers of a loader built with a setting or a ``timeout`` the
         script did not ask for stalled past that timeout or died."""
@@ -559,7 +383,7 @@ class HotSwap:
             self.loader
         )
 
-    def _recover(self, run: _Run, exc: BaseException) -> None:
+    def _recover(self, run: Run, exc: BaseException) -> None:
         """Take down the loader that failed (a measured one's failure is recorded) and go on
         with the loader's own setting, with no timeout of ours, where the epoch's order stands:
         nothing the script has not received is lost."""
@@ -571,7 +395,7 @@ class HotSwap:
         if self.good == run.step.config:
             self.good = None  # the kept setting failed: the loader's own takes over
 
-    def _failed(self, run: _Run, exc: BaseException) -> None:
+    def _failed(self, run: Run, exc: BaseException) -> None:
         """A measured setting's loader raised: report it, take it down, fall back."""
         signals = _internals.dead_worker_signals(run.segment.iterator, exc)
         run.meter = None
@@ -581,7 +405,7 @@ class HotSwap:
             Outcome(run.step, error=exc, worker_signals=signals, loaded_with=run.loaded_with)
         )
 
-    def _close(self, run: _Run) -> None:
+    def _close(self, run: Run) -> None:
         run.it = None
         if run.meter is not None:
             run.meter.release()
@@ -607,14 +431,6 @@ class HotSwap:
         """Shut down whatever setting is in use."""
         if self.current is not None:
             self._close(self.current)
-
-
-@dataclass
-class _Raised:
-    """What a segment's ``next()`` raised, held to be raised to the script in its turn."""
-
-    segment: Segment
-    exc: Exception
 
 
 class _Epoch:

@@ -18,40 +18,24 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader
 
 from loadertune.config import Config
 from loadertune.measure.meter import Measurement, Meter, elsewhere
-from loadertune.trials import handles, lifeline, messages
+from loadertune.trials import cuda, handles, lifeline, messages
 from loadertune.trials import loader as dl
 from loadertune.trials import torch_internals as _internals
 from loadertune.trials.channel import Channel
 from loadertune.trials.hotswap import swap as hotswap
+from loadertune.trials.hotswap.steps import why_not
 from loadertune.trials.inside.epochs import EpochLengths
 from loadertune.trials.inside.identity import LoaderRecord, same_key, user_sources
 from loadertune.trials.inside.metered import HeldSink, Metered
 from loadertune.trials.inside.patch import OriginalIter
-from loadertune.trials.inside.sequence import ChannelConductor, result_message
+from loadertune.trials.inside.sequence import ChannelConductor, ChannelSink, result_message
 from loadertune.trials.inside.target import FeedWatch, Selector, optimizer_exists
 
 _LINGER_S = 60  # after the result, until the parent kills the group (it does long before)
-
-
-class ChannelSink:
-    """The meter's sink in a trial process: events and progress go to the parent."""
-
-    def __init__(self, chan: Channel) -> None:
-        self._chan = chan
-        self.stop = False
-
-    def event(self, name: str) -> None:
-        bus_id = dl.cuda_bus_id() if name == "window_start" else None
-        self._chan.send(messages.EventMsg(t="event", name=name, bus_id=bus_id))
-
-    def progress(self, index: int, samples_per_s: float) -> bool:
-        self._chan.send(messages.ProgressMsg(t="progress", i=index, rate=samples_per_s))
-        self.stop = self.stop or any(m.get("t") == "stop" for m in self._chan.drain())
-        return not self.stop
 
 
 class TrialController:
@@ -65,9 +49,9 @@ class TrialController:
 
     Many settings in one process: when the target is known before it is iterated (named by the
     spec), the spec allows it (``hot_swap``), the loader can change setting mid-epoch
-    (:func:`~loadertune.trials.hotswap.swap.why_not`) and this is not a rank of a distributed trial,
-    its epochs go through a :class:`~loadertune.trials.hotswap.swap.HotSwap` that takes each setting
-    from the search (:class:`~loadertune.trials.inside.sequence.ChannelConductor`). Else one
+    (:func:`~loadertune.trials.hotswap.steps.why_not`) and this is not a rank of a distributed
+    trial, its epochs go through a :class:`~loadertune.trials.hotswap.swap.HotSwap` that takes each
+    setting from the search (:class:`~loadertune.trials.inside.sequence.ChannelConductor`). Else one
     setting per process, as the LoaderMsg's ``one_setting_only`` says.
     """
 
@@ -171,7 +155,7 @@ class TrialController:
         if self.spec["phase"] == "replay":
             first = next(original(loader))
             self.bytes_per_sample = dl.bytes_per_sample(first)
-            self.transfer = dl.transfer_rates(first)
+            self.transfer = cuda.transfer_rates(first)
             return self.target.replay(first)
         return self.target.epoch(loader, record, original)
 
@@ -263,9 +247,7 @@ class TrialController:
                 batch_sampler=loader.batch_size is None,
                 batch_size_fixed=dl.why_batch_size_fixed(loader),
                 cuda_available=torch.cuda.is_available(),
-                warnings=self._sharding_warnings(loader)
-                + self._fork_warnings(loader)
-                + self._also_fed_warnings(),
+                warnings=self._loader_warnings(loader) + self._also_fed_warnings(),
                 one_setting_only=one_only,
                 sources=user_sources(),
             )
@@ -280,7 +262,7 @@ class TrialController:
             return "one setting asked for"
         if self.rank is not None:
             return "a rank of a distributed trial"
-        why = hotswap.why_not(loader)
+        why = why_not(loader)
         if why is not None or dl.why_no_batches(loader) is not None:
             return why or "the first setting yields no batch"
         assert self.target is not None
@@ -326,39 +308,17 @@ class TrialController:
             self._choose(metered.key, "the first loader to fill a window (no optimizer)")
         self._done(m)
 
+    def _loader_warnings(self, loader: DataLoader[Any]) -> list[str]:
+        """In the baseline trial only: does an IterableDataset yield duplicates across workers?
+        In every launch (a resumed search may run no baseline): does the dataset hold handles
+        forked workers share?"""
+        unsharded = dl.unsharded_warning(loader) if self.spec["phase"] == "baseline" else None
+        return [w for w in (unsharded, handles.loader_fork_warning(loader)) if w]
+
     def _also_fed_warnings(self) -> list[str]:
-        """Other loaders that yielded beside the chosen one before the step that chose it (a
-        ``zip`` of two): the user may mean another."""
         if self.watch is None or self._chosen_by != "the optimizer":
             return []
-        out = []
-        for key in self.watch.alongside:
-            other = self._candidates.get(key)
-            if other is not None:
-                i = other.record.index
-                out.append(
-                    f"DataLoader #{i} at {other.record.call_site} also fed the optimizer's "
-                    f"steps (--loader {i} tunes it instead)"
-                )
-        return out
-
-    def _fork_warnings(self, loader: DataLoader[Any]) -> list[str]:
-        """Does the dataset hold handles forked workers share? (In every launch: a resumed
-        search may run no baseline.)"""
-        warning = handles.loader_fork_warning(loader)
-        return [warning] if warning else []
-
-    def _sharding_warnings(self, loader: DataLoader[Any]) -> list[str]:
-        """In the baseline trial only: does an IterableDataset yield duplicates across workers?"""
-        if self.spec["phase"] != "baseline" or not isinstance(loader.dataset, IterableDataset):
-            return []
-        try:
-            dup = dl.duplicated_across_workers(
-                loader.dataset, batch_size=loader.batch_size, collate_fn=loader.collate_fn
-            )
-        except Exception:  # the trial meets and reports the same error itself
-            return []
-        return [dl.UNSHARDED_WARNING] if dup else []
+        return self.watch.also_fed({k: m.record for k, m in self._candidates.items()})
 
     def _done(self, m: Measurement) -> None:
         """The window is full: report, then wait for the parent to end this process group. A

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 
 from loadertune.measure.counting import structure_count
 from loadertune.measure.meter import Measurement, Meter, Sink
+from loadertune.trials import cuda
 from loadertune.trials import loader as dl
 from loadertune.trials import torch_internals as _internals
 from loadertune.trials.contract import window_for
@@ -122,7 +123,7 @@ class Metered:
             persistent=loader.persistent_workers and loader.num_workers > 0,
             count=dl.sample_counter(loader),
             sink=self.sink,
-            sync=dl.cuda_sync,
+            sync=cuda.cuda_sync,
             measure_cpu=loader.num_workers == 0,
             on_done=lambda m: self._on_full(self, m),
             epoch_batches=dl.batches_per_epoch(loader),

@@ -21,11 +21,10 @@ from typing import Any
 
 from loadertune.config import Config
 from loadertune.measure.meter import Measurement, Sink
-from loadertune.trials import loader as dl
-from loadertune.trials import messages
+from loadertune.trials import cuda, messages
 from loadertune.trials.channel import Channel
 from loadertune.trials.contract import window_for
-from loadertune.trials.hotswap.swap import Outcome, Step
+from loadertune.trials.hotswap.steps import Outcome, Step
 
 
 def result_message(
@@ -41,21 +40,38 @@ def result_message(
 ) -> messages.ResultMsg:
     """A trial's result, with this process's CUDA facts; ``ran``: what its loader really ran
     with (checked by the search: :mod:`loadertune.trials.script.verify`)."""
-    peak_alloc, peak_reserved = dl.cuda_peaks()
+    peak_alloc, peak_reserved = cuda.cuda_peaks()
     return messages.ResultMsg(
         t="result",
         measurement=m.to_dict(),
         complete=complete,
         cuda_peak_allocated=peak_alloc,
         cuda_peak_reserved=peak_reserved,
-        cuda_device=dl.cuda_bus_id(),
-        cuda_capacity=dl.cuda_capacity(),
+        cuda_device=cuda.cuda_bus_id(),
+        cuda_capacity=cuda.cuda_capacity(),
         bytes_per_sample=bytes_per_sample,
         transfer=transfer,
         epoch_samples=epoch_samples,
         epochs_begun=epochs_begun,
         ran={**ran, "pid": os.getpid(), "rank": rank},
     )
+
+
+class ChannelSink:
+    """The meter's sink in a trial process: events and progress go to the parent."""
+
+    def __init__(self, chan: Channel) -> None:
+        self._chan = chan
+        self.stop = False
+
+    def event(self, name: str) -> None:
+        bus_id = cuda.cuda_bus_id() if name == "window_start" else None
+        self._chan.send(messages.EventMsg(t="event", name=name, bus_id=bus_id))
+
+    def progress(self, index: int, samples_per_s: float) -> bool:
+        self._chan.send(messages.ProgressMsg(t="progress", i=index, rate=samples_per_s))
+        self.stop = self.stop or any(m.get("t") == "stop" for m in self._chan.drain())
+        return not self.stop
 
 
 class ChannelConductor:
@@ -103,7 +119,7 @@ class ChannelConductor:
         spec = self._first if self._first is not None else self._wait("run")
         self._first = None
         config = Config.from_kwargs(spec["overrides"]) if spec.get("overrides") else self.own
-        dl.reset_cuda_peaks()  # each trial's peak is its own
+        cuda.reset_cuda_peaks()  # each trial's peak is its own
         self.step = Step(
             config,
             window_for(

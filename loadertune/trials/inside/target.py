@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import gc
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from loadertune.trials.inside.identity import LoaderRecord, names_site, same_key
@@ -94,6 +94,19 @@ class FeedWatch:
         self._since.pop(key, None)
         self._since[key] = None  # the last to yield, last
         self._waited[key] = self._waited.get(key, 0.0) + wait_s
+
+    def also_fed(self, records: Mapping[tuple[str, ...], LoaderRecord]) -> list[str]:
+        """Other loaders that yielded beside the chosen one before the step that chose it (a
+        ``zip`` of two), as warnings: the user may mean another. ``records``: each key's."""
+        out = []
+        for key in self.alongside:
+            record = records.get(key)
+            if record is not None:
+                out.append(
+                    f"DataLoader #{record.index} at {record.call_site} also fed the optimizer's "
+                    f"steps (--loader {record.index} tunes it instead)"
+                )
+        return out
 
     def _on_step(self, optimizer: object, args: object, kwargs: object) -> None:
         self.steps += 1

@@ -32,7 +32,6 @@ trial that did not run its setting fails as ``not_applied``
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 import tempfile
@@ -41,14 +40,13 @@ from pathlib import Path
 from typing import Any
 
 from loadertune.config import Config
-from loadertune.errors import ConfigError, ScriptError
+from loadertune.errors import ScriptError
 from loadertune.measure import nvml
 from loadertune.measure.failures import Failure, FailureKind
 from loadertune.measure.meter import Measurement, WindowSpec
 from loadertune.trials import leftovers, messages
 from loadertune.trials.contract import BaseRunner, TrialRequest, TrialResult
-from loadertune.trials.inside.identity import target_line
-from loadertune.trials.script import reported, verify
+from loadertune.trials.script import reported, tuned_loader, verify
 from loadertune.trials.script.forkserver import ForkServer
 from loadertune.trials.script.processes import (
     Launch,
@@ -112,17 +110,7 @@ class ScriptRunner(BaseRunner):
             fork_server = os.environ.get("LOADERTUNE_FORK_SERVER", "1") != "0"
         self.fork_server = fork_server
         self._server: ForkServer | None = None
-        self.selector: dict[str, Any] = {}
-        if isinstance(loader, int):
-            if loader < 1:
-                raise ConfigError(
-                    f"loader must be >= 1 (1 = the first DataLoader created), but got {loader!r}."
-                )
-            self.selector = {"index": loader}
-        elif isinstance(loader, str):
-            if not loader.rpartition(":")[2].isdigit():
-                raise ConfigError(f"loader must be N or FILE:LINE, but got {loader!r}.")
-            self.selector = {"call_site": loader}
+        self.selector = tuned_loader.selector(loader)
         self.uses_cuda = False
         self.epoch_samples: int | None = None
         self.bytes_per_sample: float | None = None
@@ -353,22 +341,10 @@ class ScriptRunner(BaseRunner):
     def _learn_loader(self, msg: Mapping[str, Any]) -> dict[str, Any]:
         """The loader to tune, as the first trial found it."""
         info = self.loader_info = dict(msg)
-        self._code_sha1 = _digest_all(self._sources(msg))  # the code as it was measured
+        self._code_sha1 = tuned_loader.code_digest(self.script, msg)  # the code as it was measured
         self.uses_cuda = msg["cuda_available"]
         self.batch_size_fixed = msg["batch_size_fixed"]
-        self.target_note = "tuning " + target_line(
-            index=msg["index"],
-            call_site=msg["call_site"],
-            dataset=msg["dataset"],
-            batch_size="None"
-            if msg["batch_size_fixed"] == messages.NO_BATCHING
-            else "its batch sampler's"
-            if msg["batch_size_fixed"]
-            else msg["settings"].get("batch_size"),
-            chosen_by=msg["chosen_by"],
-            rebuilt=msg["origin"] is not None,
-            key=msg["key"],
-        )
+        self.target_note = tuned_loader.target_note(msg)
         return info
 
     def state(self) -> dict[str, Any]:
@@ -388,7 +364,7 @@ class ScriptRunner(BaseRunner):
     def restore(self, state: Mapping[str, Any]) -> bool:
         """See :meth:`~loadertune.trials.TrialRunner.restore`."""
         loader = state.get("loader")
-        if not loader or state.get("code_sha1") != _digest_all(self._sources(loader)):
+        if not loader or state.get("code_sha1") != tuned_loader.code_digest(self.script, loader):
             return False  # the script or a module of its own changed (or an older state)
         super().restore(state)
         self._learn_loader(state["loader"])
@@ -396,12 +372,6 @@ class ScriptRunner(BaseRunner):
         self.loader_recreated = bool(state.get("loader_recreated"))
         self._check_lengths = bool(state.get("check_lengths"))
         return True
-
-    def _sources(self, loader: Mapping[str, Any]) -> list[str]:
-        """The script and the user's modules it had imported when its loader was found (as
-        ``loader``, the first trial's LoaderMsg, says)."""
-        sources = loader.get("sources") or []
-        return sorted({os.path.realpath(self.script), *sources})
 
     def _on_result(self, msg: messages.ResultMsg, trial: Trial) -> bool:
         result = trial.result
@@ -466,21 +436,3 @@ class ScriptRunner(BaseRunner):
             self._server.close()
             self._server = None
         self._logdir.cleanup()
-
-
-def _digest(path: str) -> str | None:
-    try:
-        return hashlib.sha1(Path(path).read_bytes()).hexdigest()
-    except OSError:
-        return None
-
-
-def _digest_all(paths: list[str]) -> str | None:
-    """One digest of the files' names and contents (None if one cannot be read)."""
-    h = hashlib.sha1()
-    for path in paths:
-        digest = _digest(path)
-        if digest is None:
-            return None
-        h.update(f"{path}\0{digest}\0".encode())
-    return h.hexdigest()
