@@ -989,6 +989,59 @@ def tags_for(w: Workload, mode: str, best: Config, value: float) -> list[str]:
     return tags
 
 
+# ---------------------------------------------------------------------------------------------
+# Ablation: one rule of the search switched off at a time (``--ablate NAME``)
+
+SETTINGS_OVERRIDES: dict[str, Any] = {}  # SearchSettings fields an ablation changes
+
+
+def _set(item: str) -> None:
+    """``--set NAME=VALUE``: a SearchSettings field, or ``module.CONST`` of loadertune.search."""
+    import importlib
+
+    name, _, text = item.partition("=")
+    value = json.loads(text)
+    if "." in name:
+        module, const = name.split(".", 1)
+        setattr(importlib.import_module(f"loadertune.search.{module}"), const, value)
+    else:
+        SETTINGS_OVERRIDES[name] = value
+
+
+def _ablations() -> dict[str, tuple[str, Callable[[], None]]]:
+    """Each rule of the search that can be switched off: (what it does, how to switch it off).
+    A measurement harness: it patches the search's modules for this process only."""
+    from loadertune.search import confirm, driver, plan
+
+    def patch(obj: Any, name: str, value: Any) -> Callable[[], None]:
+        return lambda: setattr(obj, name, value)
+
+    def override(**kw: Any) -> Callable[[], None]:
+        return lambda: SETTINGS_OVERRIDES.update(kw)
+
+    return {
+        "seeds": ("the probe's seed settings", patch(driver, "seed_configs", lambda *a, **k: [])),
+        "climbs": (
+            "agenda: climb workers while the best waits",
+            patch(plan, "climbs", lambda *a, **k: []),
+        ),
+        "prune": (
+            "stop a trial clearly behind the best mid-window",
+            patch(driver.Search, "_prune_rule", lambda self, i, r: False),
+        ),
+        "patience": ("stop after `patience` trials without a gain", override(patience=10**6)),
+        "compute_bound": (
+            "stop at once when the baseline's loader keeps up",
+            patch(driver, "loader_keeps_up", lambda *a: False),
+        ),
+        "cheaper_tie": (
+            "confirmation: the cheapest within the noise wins (off: within 2%)",
+            patch(confirm, "TIE_Z", 0.0),
+        ),
+        "rounds": ("confirmation: interleaved rounds (off: one round)", override(confirm_rounds=1)),
+    }
+
+
 def run_one(
     w: Workload, mode: str, *, seed: int, budget_s: float, trace: list[TraceLine] | None = None
 ) -> tuple[Score, SearchOutcome | None]:
@@ -999,6 +1052,7 @@ def run_one(
         storage=optuna.storages.InMemoryStorage(),  # type: ignore[arg-type]
         study_name="sim",
         seed=(seed * 1_000_003 + w.index) % 2**31,
+        **SETTINGS_OVERRIDES,
     )
     search = new_search(
         runner,
@@ -1573,7 +1627,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="every launch of a script starts a fresh interpreter (as before the fork server)",
     )
+    ap.add_argument(
+        "--ablate",
+        default="",
+        help="switch these rules of the search off (comma-separated; 'list' names them)",
+    )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a SearchSettings field, or a constant of loadertune.search as module.NAME "
+        "(e.g. confirm.TIE_Z=1), for this run",
+    )
     args = ap.parse_args(argv)
+    for item in args.set:
+        _set(item)
+    ablations = _ablations()
+    if args.ablate == "list":
+        for name, (what, _) in ablations.items():
+            print(f"{name:18} {what}")
+        return 0
+    for name in filter(None, args.ablate.split(",")):
+        if name not in ablations:
+            ap.error(f"--ablate: no rule {name!r} (--ablate list names them)")
+        ablations[name][1]()
     if args.paired:
         return report_paired(*args.paired, out=sys.stdout)
     SimRunner.fork_server = not args.no_fork_server
@@ -1604,6 +1682,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
     for mode in modes:
         report(scores[mode], workloads, mode, args.budget, sys.stdout)
+    every = [s.ratio for m in modes for s in scores[m]]
+    print(
+        f"\nall modes ({len(every)} searches{', ablated: ' + args.ablate if args.ablate else ''}): "
+        f"below 0.90 {np.mean(np.less(every, 0.90)):.1%}, below 0.95 "
+        f"{np.mean(np.less(every, 0.95)):.1%}, p5 {np.percentile(every, 5):.3f}"
+    )
     if args.oracle:
         report_oracle(workloads, scores, seed, args.budget, sys.stdout)
     return 0

@@ -21,7 +21,6 @@ from loadertune.search.space import (
     FDS_PER_WORKER,
     MAX_WORKERS_HARD,
     SearchSpace,
-    widened,
     worker_cap,
 )
 
@@ -603,18 +602,6 @@ def test_worker_cap_io_bound_follows_what_the_wait_needs() -> None:
 def test_worker_cap_open_files() -> None:
     cap, limits = worker_cap(usable_cpus=2, io_bound=True, workers_needed=400, open_files_limit=256)
     assert limits["fds"] == 256 // FDS_PER_WORKER and cap == limits["fds"]
-
-
-def test_a_space_is_widened_only_when_its_best_sits_at_a_cpu_rule_edge() -> None:
-    space = SearchSpace(batch_sizes=(32,), max_workers=16, limits={"cpu": 16, "ram": 100})
-    assert widened(space, best_workers=16).max_workers == 32
-    assert widened(space, best_workers=12).max_workers == 32
-    assert widened(space, best_workers=8) is space
-    by_ram = SearchSpace(batch_sizes=(32,), max_workers=16, limits={"cpu": 64, "ram": 16})
-    assert widened(by_ram, best_workers=16) is by_ram
-    near_ram = SearchSpace(batch_sizes=(32,), max_workers=16, limits={"cpu": 16, "ram": 20})
-    assert widened(near_ram, best_workers=16).max_workers == 20
-    assert widened(space, best_workers=16, hard=16) is space
 
 
 def test_workers_stay_within_an_epochs_batches() -> None:

@@ -3,13 +3,8 @@
 The best of many noisy measurements is biased upwards (the winner's curse), and a shared machine
 drifts, so the search's own figures do not decide. The finalists and the user's baseline are
 measured again in interleaved rounds (A B C, B C A, C A B, ...: no setting always runs first or
-last) and the winner is the highest *median*. The rounds go on while time is left and more than
-one setting may still win: after each round a setting clearly behind the leader (its mean log
-rate :data:`ELIMINATE_Z` standard errors below, with the noise pooled from every setting measured
-more than once) leaves them, so the time goes to the settings still close, the successive
-elimination of best-arm identification. Over 1000 simulated workloads of a fresh seed this took
-the share of picks below 0.95 of the best from 29.4% to 27.1% in-process and from 30.7% to 29.1%
-for scripts (``scripts/simulate.py``; the README has the command).
+last). The rounds go on while time is left; a setting that failed every round leaves them. The
+winner is the cheapest setting within the noise of the highest median (:func:`cheapest_tied`).
 
 The winner clearly beats the baseline only when its worst round beats the baseline's best round;
 with three rounds each, that happens by chance with probability 1/20 when the two are really
@@ -45,7 +40,7 @@ class Confirmation:
     values: dict[Config, list[float]] = field(default_factory=dict)  # epoch samples/s per round
     results: dict[Config, list[TrialResult]] = field(default_factory=dict)
     prior_sub_windows: dict[Config, list[float]] = field(default_factory=dict)  # this run's
-    # the settings the rounds left out as clearly behind the leader (:func:`still_in`)
+    # the settings the rounds left out (failed every round, or on a live run behind the baseline)
     left_out: set[Config] = field(default_factory=set)
 
     def median(self, config: Config) -> float | None:
@@ -61,24 +56,20 @@ class Confirmation:
 
     @property
     def winner(self) -> Config | None:
-        """The highest median of the settings the rounds kept (one they left out as clearly
-        behind does not come back on its few figures from another time); within 2% of it, the
-        simplest setting (the baseline, then fewer workers, then the baseline's batch size):
-        noise does not pick the luckier sample."""
+        """Of the settings the rounds kept (one they left out as clearly behind does not come
+        back on its few figures from another time), the cheapest within the noise of the
+        highest median (:func:`cheapest_tied`): noise does not pick the luckier sample."""
         ranked = [
             c
             for c in self.values
             if self.values[c] and not self.failed_here(c) and c not in self.left_out
         ]
         # Where the deadline cut the rounds short, a finalist they never measured does not win
-        # on its exploration figure (a resumed search saved such a winner, 731 samples/s in one
-        # window, over one of 803 and 665, as "simpler within 2%").
+        # on its exploration figure.
         ranked = [c for c in ranked if self.measured_here(c)] or ranked
         if not ranked:
             return None
-        best = max(self.median(c) or 0.0 for c in ranked)
-        close = [c for c in ranked if (self.median(c) or 0.0) >= (1 - SIMPLER_WITHIN) * best]
-        return min(close, key=self._complexity)
+        return cheapest_tied(ranked, self.values, self.baseline)
 
     def measured_here(self, config: Config) -> bool:
         """``config`` has a figure from these rounds."""
@@ -92,9 +83,6 @@ class Confirmation:
         measured of it, it is no winner (nor worth another round)."""
         results = self.results.get(config) or []
         return bool(results) and all(r.failure is not None for r in results)
-
-    def _complexity(self, config: Config) -> tuple[int, int, int, float]:
-        return complexity(config, self.baseline, self.median(config) or 0.0)
 
     def sub_window_rates(self, config: Config) -> list[float]:
         """The sub-window rates of every measurement of ``config`` in this run: the rounds', and
@@ -125,8 +113,7 @@ class Confirmation:
         if not self.results.get(self.baseline):
             # The deadline came before the baseline's turn: its figures are from another moment
             # (a script's first launch, whose opening window may read low), and only a gap no
-            # load of the machine explains says "clearly". A new user's search said "1.81x,
-            # clearly faster" from such a figure; end to end it was 1.0x.
+            # load of the machine explains says "clearly".
             return sub_windows and sub_windows_clearly_better(
                 self.sub_window_rates(win), self.sub_window_rates(self.baseline), APART_MARGIN
             )
@@ -152,16 +139,49 @@ class Confirmation:
         return best / base if best else None
 
 
-def complexity(config: Config, baseline: Config, value: float) -> tuple[int, int, int, float]:
-    """How far ``config`` is from the user's own settings, to rank settings a noisy figure
-    cannot tell apart: the baseline first, then fewer workers, then the baseline's batch size,
-    then the higher ``value``."""
+def complexity(
+    config: Config, baseline: Config, value: float
+) -> tuple[bool, int, int, bool, bool, float]:
+    """What ``config`` costs, to rank settings a noisy figure cannot tell apart: the baseline
+    first, then fewer workers, a smaller prefetch, no pinning, the baseline's batch size, and
+    last the higher ``value``."""
     return (
         config != baseline,
         config.num_workers,
+        (config.prefetch_factor or 0) if config.num_workers else 0,
+        config.pin_memory,
         config.batch_size != baseline.batch_size,
         -value,
     )
+
+
+# A dearer setting must beat a cheaper one by this many standard errors of the difference of
+# their median log rates (the noise this run measured), and by SIMPLER_WITHIN at least; the margin
+# is capped at TIE_CAP, so that a cheaper setting never wins from much further behind.
+TIE_Z = 1.0
+TIE_CAP = 0.05
+
+
+def cheapest_tied(
+    configs: Sequence[Config], values: Mapping[Config, Sequence[float]], baseline: Config
+) -> Config:
+    """Of ``configs`` (each with figures in ``values``), the cheapest (:func:`complexity`)
+    whose median is within the noise of the leader's: a dearer setting wins only by more than
+    the effect size."""
+    sigma = noise_sigma(values)
+    logs = _log_rates(configs, values)
+    means = {c: statistics.median(v) for c, v in logs.items() if v}
+    if not means:
+        return configs[0]
+    lead = max(means, key=lambda c: means[c])
+
+    def tied(c: Config) -> bool:
+        se = sigma * math.sqrt(1 / len(logs[c]) + 1 / len(logs[lead]))
+        margin = min(TIE_CAP, max(SIMPLER_WITHIN, TIE_Z * se))
+        return means[lead] - means[c] <= margin
+
+    close = [c for c in means if tied(c)]
+    return min(close, key=lambda c: complexity(c, baseline, math.exp(means[c])))
 
 
 def simplest_close(values: Mapping[Config, float], baseline: Config) -> Config:
@@ -195,10 +215,8 @@ def sub_windows_clearly_better(
     ``margin`` in 97.5% of draws (a seeded bootstrap). With a margin above
     :data:`SINGLE_TRIAL_MARGIN` (figures from different moments), only the second test.
 
-    The second test is for windows whose sub-windows differ by more than noise: on a 16-CPU
-    GPU machine, an example script's short epochs spread a window's sub-windows by twice their
-    median, and a setting 5.4 times the baseline's rate was called within noise for its
-    slowest sub-window. The mean is what the window's rate is made of."""
+    The second test is for windows whose sub-windows differ by more than noise (short epochs
+    spread them widely): the mean is what the window's rate is made of."""
     if margin <= SINGLE_TRIAL_MARGIN and rates_clearly_better(ours, theirs):
         return True
     if len(ours) < 2 or len(theirs) < 2:
@@ -233,10 +251,9 @@ def confirm(
     clock: Callable[[], float] = time.monotonic,
 ) -> Confirmation:
     """Measure ``finalists`` and ``baseline`` in up to ``rounds`` interleaved rounds: fewer if
-    the deadline, a ``clock()`` value, comes first, or once one setting alone may win
-    (after each round :func:`still_in` leaves out those clearly behind, and a setting that
-    failed every round it ran leaves too). ``run_in_turn`` measures a round's settings in one
-    go (a script's runner keeps its process between calls), and stops when a
+    the deadline, a ``clock()`` value, comes first, or once one setting alone is left (a
+    setting that failed every round it ran leaves). ``run_in_turn`` measures a round's
+    settings in one go (a script's runner keeps its process between calls), and stops when a
     trial would end past the deadline: each trial is expected to take ``trial_wall_s``, or its
     setting's time in ``walls`` when longer. ``measure_first``: the first finalist is
     measured even past the deadline. ``prior``: rates measured earlier in this run (the
@@ -244,9 +261,7 @@ def confirm(
     decides less; ``stand_in``: earlier rates measured otherwise than the rounds measure (a
     script's baseline, a window before the epoch's length was known, where the rounds take whole
     epochs), which stand in for a setting without ``prior`` rates only until the rounds
-    measure it: a window in a fresh launch's first epoch, 562 samples/s, pooled with a round's
-    whole epoch of 992 made a median of 777, and a finalist of 841 and 931 in two rounds won
-    over the baseline it trailed;
+    measure it (a launch's first window may read low);
     ``prior_sub_windows``: their sub-window rates, for the test of a tight budget's rounds.
     ``live``: the rounds run on a real training run, whose own setting is the baseline; a
     finalist behind it leaves too (:func:`ahead_of_baseline`)."""
@@ -300,15 +315,9 @@ def confirm(
         # One that failed every round it ran leaves; the baseline only after two such rounds
         # (a baseline that fails twice is clearly beaten: ``Confirmation.clearly_better``).
         runs = outcome.results
-        kept = still_in(
-            [
-                c
-                for c in configs
-                if not outcome.failed_here(c) or (c == baseline and len(runs[c]) < 2)
-            ],
-            outcome.values,
-            baseline,
-        )
+        kept = [
+            c for c in configs if not outcome.failed_here(c) or (c == baseline and len(runs[c]) < 2)
+        ]
         if live:
             kept = ahead_of_baseline(kept, outcome.values, baseline)
         outcome.left_out.update(c for c in configs if c not in kept)
@@ -318,11 +327,9 @@ def confirm(
     return outcome
 
 
-# A finalist this many standard errors behind the leader (in mean log rate) leaves the rounds.
-ELIMINATE_Z = 2.0
 # Until settings have been measured again, the noise is taken to be this (log rate, between two
-# trials of one setting), with this weight in degrees of freedom: trials on the shared 2-CPU
-# machine differ by 5-30%.
+# trials of one setting), with this weight in degrees of freedom: trials on a shared machine
+# differ by 5-30%.
 PRIOR_SIGMA, PRIOR_DOF = 0.2, 3
 
 
@@ -342,32 +349,6 @@ def _log_rates(
     configs: Sequence[Config], values: Mapping[Config, Sequence[float]]
 ) -> dict[Config, list[float]]:
     return {c: [math.log(v) for v in values.get(c, []) if v > 0] for c in configs}
-
-
-def still_in(
-    configs: Sequence[Config], values: Mapping[Config, Sequence[float]], baseline: Config
-) -> list[Config]:
-    """The settings that may still win: those not clearly behind the leader (by mean log rate,
-    ELIMINATE_Z standard errors); the baseline stays until it has two figures (the
-    exploration's count), so that "clearly faster" compares two of each."""
-    sigma = noise_sigma(values)
-    logs = _log_rates(configs, values)
-    means = {c: statistics.fmean(v) for c, v in logs.items() if v}
-    if not means:
-        return list(configs)
-    lead = max(means, key=lambda c: means[c])
-    keep = []
-    for c in configs:
-        if c == lead or c not in means:
-            keep.append(c)
-            continue
-        if c == baseline and len(logs[c]) < 2:
-            keep.append(c)
-            continue
-        se = sigma * math.sqrt(1 / len(logs[c]) + 1 / len(logs[lead]))
-        if means[lead] - means[c] <= ELIMINATE_Z * se:
-            keep.append(c)
-    return keep
 
 
 def ahead_of_baseline(

@@ -40,7 +40,7 @@ from loadertune.search.study import StudyLog, quiet_optuna
 from loadertune.trials import Limits, TrialRequest, TrialResult, TrialRunner, window_for
 
 # A best explored rate this many times a ceiling refutes the ceiling: the best of a few trials
-# at a ceiling, each 5-30% off, reads up to about 1.5 times it (the simulator's noise).
+# at a ceiling, each 5-30% off, reads up to about 1.5 times it.
 CEILING_REFUTED = 1.6
 
 
@@ -110,13 +110,10 @@ class Search:
         return self._deadline - self.clock()
 
     def _typical_wall(self) -> float:
-        """The typical trial's wall, the user's own settings' left out: they are no sample of
-        what the search runs (16 workers of a 4-CPU machine at batch 512 took 39 s of a 60 s
-        budget in the simulator, and a median over it and a 1 s probe ended the search
-        there; a batch of 512 loaded in the loop's own process took 31 s, and ended it before
-        any other trial). Before any other trial: theirs, or when longer, a window and the
-        run's overhead per trial (a script's launch). Each setting's own time is checked where
-        it is chosen (:meth:`_past_the_budget`, :meth:`_trial_fits`)."""
+        """The typical trial's wall, the user's own settings' left out: one slow baseline is
+        no sample of what the search runs. Before any other trial: theirs, or when longer, a
+        window and the run's overhead per trial (a script's launch). Each setting's own time is
+        checked where it is chosen (:meth:`_past_the_budget`, :meth:`_trial_fits`)."""
         trials = self.ledger.trials
         others = [t for t in trials if t.phase != "baseline"]
         default = self.settings.trial_window_s + 1.0 + overhead_s(trials)
@@ -178,10 +175,8 @@ class Search:
             limits = dataclasses.replace(limits, rest_s=limits.startup_s)
         if cut and phase in ("search", "confirm") and not self.settings.live:
             # A trial of the exploration or the confirmation ends with the budget, cut rather
-            # than failed: one predicted to fit may run far longer (a storage that serves 7
-            # requests at once, which the probe cannot see, made 49 workers fill a buffer of
-            # 196 batches for 29 s, and the search ran 37 s past its budget of 60 s in the
-            # simulator; a confirmation's whole epoch begun mid-epoch waits for the next).
+            # than failed: one predicted to fit may run far longer (storage that serves few
+            # requests at once, which the probe cannot see; a whole epoch begun mid-epoch).
             limits = dataclasses.replace(limits, ends_by=self._deadline)
         return TrialRequest(window, limits, phase, self._prune_rule if prunable else None)
 
@@ -240,12 +235,8 @@ class Search:
     def _trial_fits(self, config: Config, rate: float, n: int = 1) -> bool:
         """``n`` trials as long as one of ``config`` fit in what is left of the budget, judged
         by its own expected time at ``rate`` samples/s (:func:`plan.trial_s`, plus the run's
-        overhead per trial), not by the run's typical trial: trials differ thirtyfold. A
-        user's batch of 512 samples that wait 9 ms each on storage, with 1 worker, took 30 s of
-        a 60 s budget in the simulator, and the typical trial (that one) then left no room for
-        a probe at batch 16, whose batches come in a thirtieth of the time: the search ended
-        with the user's settings at 0.06 of the best. Without a rate, the typical trial
-        decides."""
+        overhead per trial), not by the run's typical trial: trials differ thirtyfold. Without
+        a rate, the typical trial decides."""
         if rate <= 0:
             return self._fits(n)
         return self._remaining() >= n * self._expected_s(config, rate, "probe")
@@ -261,20 +252,15 @@ class Search:
     ) -> float:
         """What a trial of ``config`` at ``rate`` samples/s is expected to take: its own
         (:func:`plan.trial_s`) and, with ``overhead``, the run's overhead per trial. A whole
-        epoch's window lasts the epoch at ``rate``, not at the best so far's, for which the
-        trial's window is sized (its cap): a baseline of batches of 512 slow samples set the
-        best at 53 samples/s, every setting's epoch was timed at 44 s, 16 workers' predicted
-        878 samples/s too, and all were skipped with 9 s left (0.07 of the best, in the
-        simulator)."""
+        epoch's window lasts the epoch at ``rate``, not at the best so far's (a slow best would
+        time every faster setting's epoch as long as its own)."""
         window = self._window(config, phase)
         if window.whole_epoch and rate > 0 and self.runner.epoch_samples:
             window = dataclasses.replace(window, window_s=self.runner.epoch_samples / rate)
         own = plan.trial_s(config, window, rate, loader_bound=loader_bound)
         return own + overhead_s(self.ledger.trials) if overhead else own
 
-    def _stop_reason(
-        self, space_size: int, n_batch_sizes: int, est: Estimates | None, reserve_s: float
-    ) -> str | None:
+    def _stop_reason(self, space_size: int, reserve_s: float) -> str | None:
         s = self.settings
         if self._remaining() - reserve_s < self._typical_wall():
             return "budget"
@@ -284,24 +270,7 @@ class Search:
             return "no_improvement"
         if len(self.ledger.values) + len(self.ledger.frontier.failed) >= space_size:
             return "space_exhausted"
-        if (
-            est is not None
-            and n_batch_sizes == 1
-            # one noisy replay must not end a search that has tried no worker setting yet
-            and self.ledger.n_explored >= plan.MIN_EXPLORED
-            and est.hard_ceiling_known
-            and self._at_ceiling(max(est.hard_ceiling, est.in_process_samples_per_s))
-        ):
-            return "at_ceiling"
         return None
-
-    def _at_ceiling(self, ceiling: float) -> bool:
-        """The best rate explored reaches ``ceiling``, and does not refute it: a best far above
-        a ceiling is no noise around it; one figure or the other is wrong (on a 16-CPU H200
-        machine a trial of the image example read 3.9 times the step's replayed rate), and
-        the stop would rest on it."""
-        best = self.ledger.best_value
-        return 0.97 * ceiling <= best <= CEILING_REFUTED * ceiling
 
     def _pruned_already(self, config: Config) -> str | None:
         """A setting this run stopped mid-window as clearly behind is not run again (Optuna,
@@ -322,16 +291,16 @@ class Search:
         self, log: StudyLog, space: SearchSpace, est: Estimates | None
     ) -> tuple[str, SearchSpace]:
         """Ask Optuna for settings and measure them until a stop rule says enough; returns why
-        it stopped and the space as it ended (widened when the best sat at its edge)."""
+        it stopped and the space as it ended (narrowed where the runner fixed the batch size or
+        saw the script create its loader again)."""
         space_size = len(space.configs())
         idle = 0  # consecutive proposals that ran nothing (duplicates, skips)
         while True:
-            wider = self._persistence_kept(self._batch_size_kept(self.agenda.update(space, est)))
-            if wider is not space:
-                space, space_size = wider, len(wider.configs())
-            reason = self._stop_reason(
-                space_size, len(space.batch_sizes), est, self._confirm_cost()
-            )
+            narrower = self._persistence_kept(self._batch_size_kept(space))
+            if narrower is not space:
+                space, space_size = narrower, len(narrower.configs())
+            self.agenda.update(space)
+            reason = self._stop_reason(space_size, self._confirm_cost())
             if reason:
                 return reason, space
             if idle >= 50:
@@ -400,19 +369,15 @@ class Search:
         the best pace per worker measured (up to the prediction; without estimates, that pace
         alone): many workers are tried because they are expected to be that much faster, and
         judging their batches by a slow best would skip every setting that could beat it.
-        Half, not all, of a prediction: a storage that serves only 6 requests at once, which
-        the probe cannot see, made a first trial of 92 workers at batch 512 run 17 times
-        slower than predicted, 157 s of a 60 s budget, in the simulator (such a trial is now
+        Half, not all, of a prediction: storage that serves few requests at once, which the
+        probe cannot see, can make many workers far slower than predicted (such a trial is
         also cut at the deadline: ``Limits.ends_by``).
 
         Before any setting has been explored, a trial is judged at the whole prediction and
         without the run's overhead per trial, which is then the baseline's (in a script, the
         launch's start, which a hot-swapped trial does not pay): a setting skipped then ends
         the search at the baseline for certain, one that runs long is cut at the deadline,
-        where the budget ends anyway. A baseline of 7 batches of 3.9 s took 30 s of 60 in the
-        simulator, every setting with workers was judged to need 26 s or more, and the search
-        stopped at 35 s with the baseline, 0.035 of the best (w=15 took 18 s and reached 0.52:
-        more workers did not fit in memory)."""
+        where the budget ends anyway."""
         rate = self.ledger.robust_best()
         loader_bound = True  # unknown: the shorter warm-up, so that no setting is skipped wrongly
         explored = self.ledger.n_explored > 0
@@ -441,11 +406,9 @@ class Search:
 
     def _workers_pace(self, config: Config) -> float:
         """``config``'s workers at the most samples/s a worker made in a setting measured with
-        workers (0: none yet), what times a setting of more workers: without the probe's
-        estimates (reckoned at the best's rate instead, 10 workers at batch 256 of samples
-        that take 18 ms each were timed at 163 s, as the user's one worker made 49/s, and
-        every setting with workers was skipped: the search ended at the user's settings, 0.065
-        of the best, in the simulator), and with them up to their prediction."""
+        workers (0: none yet): what times a setting of more workers without the probe's
+        estimates (a slow best's rate would time it far too long), and with them up to their
+        prediction."""
         pace = max(
             (v / c.num_workers for c, v in self.ledger.values.items() if c.num_workers),
             default=0.0,
@@ -456,8 +419,7 @@ class Search:
     def _in_process_ceiling(config: Config, est: Estimates | None) -> float:
         """The most a trial of ``config`` without workers is expected to make, for its time:
         twice the probe's model of it (loading and step take turns in one process; no worker
-        count lifts it). Reckoned at the best's rate instead, a trial at batch 512 of 15 ms
-        samples, 8 s a batch, took 24 s and ran 10 s past the budget in the simulator."""
+        count lifts it), rather than the best's rate, which may be far above it."""
         if est is None:
             return math.inf
         return 2 * est.at(config.batch_size).predicted_samples_per_s(0)
@@ -550,7 +512,7 @@ class Search:
         self._memory_budget = own + int(
             self.settings.memory_budget_fraction * self.hw.ram_budget_bytes
         )
-        self.agenda.memory_budget = self.opening.memory_budget = self._memory_budget
+        self.opening.memory_budget = self._memory_budget
         if self.observer:
             self.observer.search_started(self._deadline, self.settings.budget_s)
         with quiet_optuna():
@@ -590,8 +552,7 @@ class Search:
     def _best_not_failed(self, confirmation: Confirmation | None) -> Config | None:
         """Without a winner from the rounds: the best exploration figure of a setting that did
         not fail every round it ran there (one that did is no pick, whatever it measured
-        before), or within 2% of it the simplest (as the rounds' winner is chosen: 727 against
-        the user's 725 was no reason to change); None when no such setting has a figure."""
+        before), or within 2% of it the simplest; None when no such setting has a figure."""
         failed = (
             {c for c in confirmation.results if confirmation.failed_here(c)}
             if confirmation
@@ -637,8 +598,7 @@ class Search:
         winner: Config | None
         if self.settings.live and not self._beats_baseline():
             # Nothing the run tried beat its own setting: rounds of slower settings would only
-            # slow the training down (the simulator's live mode: 120 s runs more than 10%
-            # slower 24% -> 20%, none worse). The run goes on with its own.
+            # slow the training down. The run goes on with its own.
             confirmation, winner = None, self.baseline
         else:
             if self.observer:
@@ -653,8 +613,7 @@ class Search:
             causes = sorted({kind for _, kind in self.ledger.frontier.failed})
             ran = [t for t in self.ledger.trials if t.skipped is None and not t.kept]
             if [t.phase for t in ran] == ["baseline"] and ran[0].failure is not None:
-                # One slow trial of the user's own settings took the budget: the simulator drew
-                # 16 workers of a 1-CPU machine at batch 64, whose first batches took minutes.
+                # One slow trial of the user's own settings took the whole budget.
                 raise LoadertuneError(
                     f"your own settings failed ({ran[0].failure.kind}: {ran[0].failure.message}) "
                     "and took the whole budget, so no other setting could run: give a larger "

@@ -5,13 +5,9 @@ shared memory, file descriptors) would fail the same way; a batch the GPU-memory
 will need more than :data:`UNVERIFIED_REACH` times what fits (with the margin) is not tried
 either; and a batch size that ran out of GPU memory is never recommended.
 
-Why a reach beyond the prediction: the line fitted on small batches over-predicts near the
-memory limit. On an H100, for a three-layer, 128-channel CNN on 128-pixel images, the line
-fitted at batches 16 to 64 allowed 745 (with the margin); 1,862 peaked at 74.6 GiB and 2,170
-at 76.6 GiB, of the 78.4 GiB the process could hold, both without running out. The likely
-cause, not established: cuDNN's workspace, part of each small batch's peak, is chosen smaller
-when memory is short. A batch between the two is tried: running out is a trial's recorded
-failure, and it rules out every larger batch.
+Why a reach beyond the prediction: the line fitted on small batches under-predicts what fits
+near the memory limit (docs/design.md). A batch between the two is tried: running out is a
+trial's recorded failure, and it rules out every larger batch.
 """
 
 from __future__ import annotations
@@ -114,15 +110,6 @@ class Frontier:
             f"{model.predict(config.batch_size) / MIB:,.0f} MiB of GPU memory, more than "
             f"{UNVERIFIED_REACH:g}x the batch predicted to fit in "
             f"{(1 - self.margin) * capacity / MIB:,.0f} MiB"
-        )
-
-    def largest_safe_batch(self, candidates: list[int]) -> int | None:
-        """The largest candidate the model says fits and below every batch that ran out."""
-        model, capacity = self.memory_model()
-        if model is None or capacity is None:
-            return None
-        return memory.largest_safe_batch(
-            model, capacity, candidates=candidates, oom_at=self.oom_batch_sizes, margin=self.margin
         )
 
     def may_win(self, config: Config) -> bool:

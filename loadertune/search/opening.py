@@ -219,9 +219,7 @@ class Opening:
         cap = self.settings.max_workers
         # One worker tells a worker's memory and hand-over cost; a baseline with workers told
         # both already, and a tight budget keeps its trials for the exploration: the probe
-        # runs where it and the first explored settings, each as long, fit (at batch 256 of
-        # samples that wait 18 ms on storage, one worker's trial took 18 s of the 39 s left in
-        # the simulator, and no setting of 8 workers fitted after it: pick 0.14 of the best).
+        # runs where it and the first explored settings, each as long, fit.
         one = Config(bs, 1, 2, False, False)
         w1 = self._kept_trial("probe", one) or (base if self.baseline.num_workers else None)
         with_w1 = (
@@ -261,10 +259,7 @@ class Opening:
         ):
             # The second replay's batch ran out of GPU memory: the step's cost per batch is
             # still unknown, and the largest batch that fits is the far end a batch-size search
-            # must measure (a step of 23 ms a batch ran 2.7 times as fast at batch 128 as at 16;
-            # with batches 256 and 512 out of memory and no second replay, every prediction
-            # took the step's rate per sample at 16 for all, and batch 128 was never tried in
-            # the simulator: 0.54 of the best). Replays are short: the next size down, again.
+            # must measure. Replays are short: the next size down, again.
             second = lower
             replay2 = self._measure(Config(second), "replay")
         return w0, (w1 if w1 is not None and w1.ok else None), replay, replay2

@@ -3,10 +3,6 @@ what it has measured (no clock, no Optuna), so each can be read and tested alone
 
 - :func:`robust_best`: the bar a gain, a prune or patience is measured against.
 - :func:`climbs`: the barrel principle, one step (a best that waits for data gets workers).
-- :func:`past_the_edge`: the settings to try when the worker range was widened.
-- :func:`other_batch`: the barrel principle for the step: a best that does not wait for data
-  tries another batch size.
-- :func:`more_workers`: the model checked where it says "enough workers".
 - :func:`finalists`: the few re-measured side by side with the baseline.
 - :func:`switch_pays`: on a live run, whether the winner's rates beat the running setting's
   often enough to leave it.
@@ -26,8 +22,6 @@ from loadertune.search.space import START_PREFETCH, SearchSpace
 MIN_EXPLORED = 3  # search trials that run before any time is kept for the confirmation
 CLIMB_BLOCKED = 0.10  # the best setting waits this much for data: try it with more workers
 CLIMB_WITHIN = 0.6  # ... if it reaches this share of the best rate
-STEP_PACE = 0.8  # a rate this close to the step's own at its batch size: the step sets the pace
-FINALIST_WITHIN = 0.7  # finalists reach this share of the best (one unlucky figure is not out)
 SWITCH_EVIDENCE = 0.8  # a live run leaves its own setting when this share of pairs says so
 
 
@@ -86,97 +80,6 @@ def climbs(
     return out
 
 
-def past_the_edge(best: Config, wider: SearchSpace) -> list[Config]:
-    """After the worker range was widened around ``best``: the new edge, then twice ``best``'s
-    workers (the downturn lies between)."""
-    return list(
-        dict.fromkeys(
-            _with_workers(wider, best, w)
-            for w in (wider.max_workers, min(wider.max_workers, 2 * best.num_workers))
-        )
-    )
-
-
-def more_workers(
-    values: Mapping[Config, float],
-    blocked: Mapping[Config, float],
-    space: SearchSpace,
-    *,
-    skip: Callable[[Config], bool],
-) -> Config | None:
-    """Check the model where it says "enough workers". By the barrel principle a best that
-    hardly waits for data gains nothing from more workers, but the workers and the step share
-    the CPUs, and how they share them is not in the model: on the 2-CPU benchmark machine the
-    example script at batch 128 made 353 samples/s with 1 worker, hardly waiting, and 612 with 3.
-    So the best explored setting is tried with twice its workers, and again while that wins:
-    None once a setting with more workers at its batch size and the same prefetch factor has
-    been measured (it lost, or it would be the best), when the best waits (the climbs add
-    workers), or runs in the loop's own process (the probe and the seeds measure workers)."""
-    explored = [c for c in blocked if c in values]
-    if not explored:
-        return None
-    best = max(explored, key=lambda c: values[c])
-    w = best.num_workers
-    if blocked[best] >= CLIMB_BLOCKED or w == 0 or w >= space.max_workers:
-        return None
-    if any(
-        c.batch_size == best.batch_size
-        and c.num_workers > w
-        and c.prefetch_factor == best.prefetch_factor
-        for c in values
-    ):
-        return None
-    config = _with_workers(space, best, 2 * w)
-    return None if config.num_workers <= w or skip(config) else config
-
-
-def other_batch(
-    values: Mapping[Config, float],
-    blocked: Mapping[Config, float],
-    space: SearchSpace,
-    *,
-    skip: Callable[[Config], bool],
-    step_rate: Callable[[int], float] | None = None,
-) -> Config | None:
-    """When the best explored setting's step sets the pace, more workers buy nothing: only
-    another batch size can (the step's cost per sample, and the fetch's, change with the batch).
-    The step sets the pace when the best hardly waits for data, or when its rate reaches
-    :data:`STEP_PACE` of the step's own at its batch size (``step_rate(batch_size)``, from the
-    replays): the time inside ``next()`` also holds the hand-over of each batch, and noise moves
-    the share of it, so a loop at its step's rate may still read as waiting. Try the best's loader
-    settings at the largest batch size offered first (the far extreme: the optimum of a step ``a
-    + b·batch`` lies at an end); once a larger batch was measured and lost, the one between
-    (geometrically) it and the best's; once every larger one is measured, the smaller ones the
-    same way. None when no batch size is left to try or the loader sets the pace (the climbs add
-    workers first)."""
-    explored = [c for c in blocked if c in values]
-    if len(space.batch_sizes) < 2 or not explored:
-        return None
-    best = max(explored, key=lambda c: values[c])
-    if blocked[best] >= CLIMB_BLOCKED and (
-        step_rate is None or values[best] < STEP_PACE * step_rate(best.batch_size)
-    ):
-        return None
-    tried = {c.batch_size for c in explored}
-    sizes = sorted(space.batch_sizes)
-    for side in (
-        [b for b in sizes if b > best.batch_size],
-        [b for b in reversed(sizes) if b < best.batch_size],
-    ):
-        # From the best outwards, the sizes up to the nearest one already measured (which lost:
-        # the best is elsewhere); with none measured, the far end first.
-        measured = [i for i, b in enumerate(side) if b in tried]
-        open_ = side[: measured[0]] if measured else side
-        if not open_:
-            continue
-        first = open_[len(open_) // 2] if measured else open_[-1]
-        for pick in [first, *(b for b in reversed(open_) if b != first)]:
-            config = space.nearest(dataclasses.replace(best, batch_size=pick))
-            if config.batch_size == pick and not skip(config):
-                return config
-    return None
-
-
 def finalists(
     values: Mapping[Config, float],
     *,
@@ -184,12 +87,11 @@ def finalists(
     user_batch_size: int,
     may_win: Callable[[Config], bool],
 ) -> list[Config]:
-    """The best ``n`` settings within :data:`FINALIST_WITHIN` of the best, and the best at the
-    user's batch size."""
+    """The best ``n`` settings, and the best at the user's batch size."""
     ranked = sorted((c for c in values if may_win(c)), key=lambda c: values[c], reverse=True)
     if not ranked:
         return []
-    top = [c for c in ranked if values[c] >= FINALIST_WITHIN * values[ranked[0]]][:n]
+    top = ranked[:n]
     at_user_bs = [c for c in ranked if c.batch_size == user_batch_size][:1]
     return list(dict.fromkeys([*top, *at_user_bs]))
 
@@ -200,8 +102,7 @@ def least_trial_s(config: Config, window: WindowSpec, rate: float, *, loader_bou
     the loader sets the pace and the buffer settles at once, else all of ``warmup_batches``) and
     its window's minimum of batches, each ``batch / rate`` seconds apart. 0 without a rate.
     A whole epoch's window takes what the epoch is expected to (its ``window_s``), after its
-    first batch (a trial of 6 workers at batch 512 in the simulator waited 8 s for it, and
-    ran 10 s past the budget)."""
+    first batch."""
     if rate <= 0:
         return window.window_s if window.whole_epoch else 0.0
     per_batch = config.batch_size / rate
@@ -263,9 +164,8 @@ def switch_pays(ours: Sequence[float], theirs: Sequence[float]) -> bool:
     """On a live run, whether to leave the running setting (``theirs``: its sub-window rates in
     this run) for the search's winner (``ours``): in at least :data:`SWITCH_EVIDENCE` of all
     pairs (one of ours, one of theirs) ours is faster. A wrong switch costs the rest of the run,
-    not one trial: in the simulator (``scripts/simulate.py --mode live``) the highest median
-    let a lucky measurement replace a setting that was already the best with one 0.6x as fast.
-    Without rates on both sides the winner stands."""
+    not one trial, and the highest median lets one lucky measurement decide. Without rates on
+    both sides the winner stands."""
     if not ours or not theirs:
         return True
     wins = sum(a > b for a in ours for b in theirs)

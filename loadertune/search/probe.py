@@ -127,14 +127,6 @@ class Estimates:
         lowest = min(ceilings, key=lambda k: ceilings[k])
         return "main_process" if self.in_process_samples_per_s > ceilings[lowest] else lowest
 
-    @property
-    def hard_ceiling_known(self) -> bool:
-        """:attr:`hard_ceiling` bounds the rate: it is not the step's figure where that is
-        only a loop's measured rate (:attr:`step_floored`), which a search reaches trivially
-        (a search stopped "at the ceiling" on the user's own rate, and said it was no bound)."""
-        hard = self._hard_ceilings()
-        return not (self.step_floored and min(hard, key=lambda k: hard[k]) == "consumer")
-
     def _hard_ceilings(self) -> dict[str, float]:
         """The ceilings no worker count can lift: all but the loader's, which grows with the
         worker range the search may widen."""
@@ -142,8 +134,7 @@ class Estimates:
 
     @property
     def hard_ceiling(self) -> float:
-        """The lowest ceiling no worker count can lift (step, CPUs, transfer): a search that
-        reaches it may stop (see :meth:`_hard_ceilings`)."""
+        """The lowest ceiling no worker count can lift (step, CPUs, transfer)."""
         return min(self._hard_ceilings().values())
 
     def workers_needed(self) -> int:
@@ -195,9 +186,8 @@ def _loop_floor(replay: TrialResult, w0: TrialResult, w1: TrialResult | None) ->
     """The least the step's own rate can be: what the probe's whole loops made (loading
     included, a loop runs no faster than its step), at a batch size no larger than the
     replay's (a larger batch spreads the step's fixed cost thinner). A replay measured below it
-    was disturbed: on a machine busy with other work, a new user's replay read 440 samples/s
-    where the loop made 4,008; that ceiling ended the search "at the ceiling" and gave the
-    diagnosis a bound the winner beat by 290%. (Not the loop's time outside ``next()``: a GPU
+    was disturbed (a machine busy with other work), and a ceiling below the loop's own rate
+    would end the search "at the ceiling". (Not the loop's time outside ``next()``: a GPU
     step's kernels run on while the next batch loads.)"""
     loops = [t for t in (w0, w1) if t is not None and t.ok]
     return max(
@@ -231,9 +221,7 @@ def estimate(
     worker = load
     # Input-bound with its workers (one, or a baseline's own), their rate is theirs: each took
     # its count over that rate per sample; otherwise they kept up, and the in-process cost is
-    # the better estimate of what a worker spends per sample. (A baseline of 8 workers, read
-    # as one, made each worker 8 times as fast as it was: 290 samples/s measured, the
-    # workers' ceiling estimated at 2,617 in the simulator, where 9 workers made 233.)
+    # the better estimate of what a worker spends per sample.
     w1_rate = w1.samples_per_s if w1 is not None else None
     if w1_rate and w1 is not None and w1.measurement and w1.measurement.blocked_fraction > 0.2:
         worker = max(load, max(1, w1.config.num_workers) / w1_rate)
@@ -327,8 +315,7 @@ def _batch_order(
     def rank(bs: int) -> tuple[bool, float, bool, float, bool, int]:
         tie = rate[bs] >= 0.95 * top
         # Workers deliver in rounds (one batch each), and a trial waits for whole rounds: its
-        # first, its warm-up, its window's. With the workers the seed would give it, a round
-        # of 54 workers at batch 512 took 14 s in the simulator, at batch 64 under 2 s.
+        # first, its warm-up, its window's: many workers at a large batch take seconds a round.
         workers = _workers_to_try(est.at(bs), space)[1] if space.max_workers else 0
         round_s = bs * max(1, workers) / rate[bs] if rate[bs] > 0 else 0.0
         costly = _slow_for_window(bs * max(1, workers), rate[bs], window_s)
@@ -371,10 +358,7 @@ def seed_configs(
         variants = [Config(lead, 0, None, pin)]
     elif at.predicted_samples_per_s(0) >= at.predicted_samples_per_s(first):
         # Loading in-process is predicted the faster at the lead batch (the workers' hand-over
-        # costs more than the loading they take over): it goes first, the workers after. In
-        # the simulator a baseline of 8 workers at batch 256 of 5.7-MB samples made 290
-        # samples/s, in-process at 512 was predicted at 573 (the truth: 562), and the seeds
-        # had led with 4 workers at 512.
+        # costs more than the loading they take over): it goes first, the workers after.
         variants = [Config(lead, 0, None, pin)] + [
             Config(lead, min(w, space.max_workers), START_PREFETCH, pin, persist)
             for w in (first, need)

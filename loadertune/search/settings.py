@@ -114,7 +114,7 @@ class SearchSettings:
     @property
     def trial_window_s(self) -> float:
         # A live run trains through its trials: a longer window per setting, fewer settings
-        # tried (the simulator's live mode: own-already-best runs paid less).
+        # tried, cost it less.
         share = 40 if self.live else 80
         return self.window_s or min(3.0, max(0.5, self.budget_s / share))
 

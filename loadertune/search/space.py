@@ -13,7 +13,6 @@ workers for an epoch of 28 batches).
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -25,12 +24,9 @@ DEFAULT_PREFETCH_FACTORS = (1, 2, 4, 8)
 # The buffer a new worker setting starts with (the seeds, the climbs from in-process loading):
 # torch's default of 2 is the shallow end. Workers and the step both vary batch to batch, and
 # whichever runs ahead waits once the buffer is full or empty; where they share the CPUs a
-# stalled worker's CPU goes to the step's spinning threads. On the 2-CPU benchmark machine the
-# image example at batch 128 with persistent workers made 709 samples/s with 2 workers and
-# prefetch 2, 742 with 8; with 1 worker 624 and 680; at batch 32 it did not help (615, 594)
-# (`scripts/bench_script.py --compare`, whole epochs, 4 interleaved rounds). The exhaustive
-# grid's best settings there had 4 or 8. The seeds still measure 2 (and 1) beside it, and the
-# shared-memory budget lowers it where it must.
+# stalled worker's CPU goes to the step's spinning threads (docs/design.md has the measurement).
+# The seeds still measure 2 (and 1) beside it, and the shared-memory budget lowers it where it
+# must.
 START_PREFETCH = 4
 MAX_WORKERS_HARD = 256
 
@@ -191,17 +187,3 @@ def worker_cap(
     if user_max is not None:
         limits["user"] = user_max
     return max(0, min(limits.values())), limits
-
-
-def widened(space: SearchSpace, *, best_workers: int, hard: int = MAX_WORKERS_HARD) -> SearchSpace:
-    """``space`` with twice the workers when the best setting sits at the edge of a cap that
-    only the CPU rule set (RAM, file descriptors and the user's cap are real limits); else
-    ``space`` itself."""
-    limits = space.limits
-    if best_workers < 0.75 * space.max_workers or limits.get("cpu") != space.max_workers:
-        return space
-    others = [v for k, v in limits.items() if k != "cpu"]
-    cap = min([hard, 2 * space.max_workers, *others])
-    if cap <= space.max_workers:
-        return space
-    return dataclasses.replace(space, max_workers=cap, limits={**limits, "cpu": cap})
