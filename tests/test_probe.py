@@ -12,7 +12,8 @@ from loadertune.config import Config
 from loadertune.hardware import detect
 from loadertune.measure.meter import Measurement
 from loadertune.measure.resources import ResourceUsage
-from loadertune.search.probe import Estimates, estimate, seed_configs, space_for
+from loadertune.search.probe import Estimates, estimate, space_for
+from loadertune.search.seeds import seed_configs
 from loadertune.search.settings import SearchSettings
 from loadertune.search.space import START_PREFETCH, SearchSpace
 from loadertune.trials import TrialResult

@@ -14,7 +14,6 @@ agenda plans from one result would wait for the whole batch.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -25,14 +24,14 @@ from loadertune.hardware import Hardware
 from loadertune.measure import failures
 from loadertune.measure.resources import tree_pss
 from loadertune.measure.window import WindowSpec
-from loadertune.search import plan
 from loadertune.search.agenda import Agenda
-from loadertune.search.confirm import Confirmation, confirm, simplest_close
+from loadertune.search.finish import Finish
 from loadertune.search.ledger import Ledger
-from loadertune.search.limits import limits_for, overhead_s, short_epoch_s, typical_wall
+from loadertune.search.limits import limits_for
 from loadertune.search.opening import Opening
 from loadertune.search.outcome import Observer, SearchOutcome
-from loadertune.search.probe import Estimates, seed_configs
+from loadertune.search.probe import Estimates
+from loadertune.search.seeds import seed_configs
 from loadertune.search.settings import SearchSettings, storage_or_fallback
 from loadertune.search.space import SearchSpace
 from loadertune.search.stop import loader_keeps_up
@@ -44,7 +43,7 @@ from loadertune.trials import Limits, TrialRequest, TrialResult, TrialRunner, wi
 CEILING_REFUTED = 1.6
 
 
-class Search:
+class Search(Finish):
     """One search over one workload. See the module docstring.
 
     Args:
@@ -109,18 +108,6 @@ class Search:
     def _remaining(self) -> float:
         return self._deadline - self.clock()
 
-    def _typical_wall(self) -> float:
-        """The typical trial's wall, the user's own settings' left out: one slow baseline is
-        no sample of what the search runs. Before any other trial: theirs, or when longer, a
-        window and the run's overhead per trial (a script's launch). Each setting's own time is
-        checked where it is chosen (:meth:`_past_the_budget`, :meth:`_trial_fits`)."""
-        trials = self.ledger.trials
-        others = [t for t in trials if t.phase != "baseline"]
-        default = self.settings.trial_window_s + 1.0 + overhead_s(trials)
-        if not any(t.ok and t.phase != "replay" for t in others):
-            return min(default, typical_wall(trials, default_s=default))
-        return typical_wall(others, default_s=default)
-
     def _limits(self) -> Limits:
         return limits_for(
             self.ledger.trials,
@@ -145,27 +132,6 @@ class Search:
         # Your settings (None) are unknown before their trial in a script: planned as loading
         # without workers; the trial process sizes the window for what it runs.
         return window_for(config or Config(1), window_s=self.settings.trial_window_s)
-
-    def _short_epoch_s(self, config: Config | None) -> float | None:
-        """An epoch's time when ``config``'s epochs are short enough to measure whole: at the
-        best rate so far, or at ``config``'s own when this run measured it slower (a slow
-        baseline's whole epoch could take minutes where the best's takes a second) or, with no
-        workers, when the probe says it is (twice its figure, at most: see
-        :meth:`_in_process_ceiling`)."""
-        if self.settings.live or not self.runner.epoch_samples:
-            return None
-        rate = self.ledger.robust_best()
-        own = self.ledger.samples.get(config) if config is not None else None
-        if own:
-            rate = min(rate, max(own))
-        elif config is not None and not config.num_workers:
-            rate = min(rate, self._in_process_ceiling(config, self._est))
-        return short_epoch_s(
-            self.ledger.trials,
-            epoch_samples=self.runner.epoch_samples,
-            rate=rate,
-            default_wall_s=self.settings.trial_window_s + 1.0,
-        )
 
     def _request(
         self, config: Config | None, phase: str, prunable: bool, *, cut: bool = True
@@ -227,38 +193,6 @@ class Search:
         return self.runner.run_many(requests, learn)
 
     # -- phases ----------------------------------------------------------------------------------
-
-    def _fits(self, n: int = 1) -> bool:
-        """``n`` more trials fit in what is left of the budget (as long as the typical one)."""
-        return self._remaining() >= n * self._typical_wall()
-
-    def _trial_fits(self, config: Config, rate: float, n: int = 1) -> bool:
-        """``n`` trials as long as one of ``config`` fit in what is left of the budget, judged
-        by its own expected time at ``rate`` samples/s (:func:`plan.trial_s`, plus the run's
-        overhead per trial), not by the run's typical trial: trials differ thirtyfold. Without
-        a rate, the typical trial decides."""
-        if rate <= 0:
-            return self._fits(n)
-        return self._remaining() >= n * self._expected_s(config, rate, "probe")
-
-    def _expected_s(
-        self,
-        config: Config,
-        rate: float,
-        phase: str = "search",
-        *,
-        loader_bound: bool = True,
-        overhead: bool = True,
-    ) -> float:
-        """What a trial of ``config`` at ``rate`` samples/s is expected to take: its own
-        (:func:`plan.trial_s`) and, with ``overhead``, the run's overhead per trial. A whole
-        epoch's window lasts the epoch at ``rate``, not at the best so far's (a slow best would
-        time every faster setting's epoch as long as its own)."""
-        window = self._window(config, phase)
-        if window.whole_epoch and rate > 0 and self.runner.epoch_samples:
-            window = dataclasses.replace(window, window_s=self.runner.epoch_samples / rate)
-        own = plan.trial_s(config, window, rate, loader_bound=loader_bound)
-        return own + overhead_s(self.ledger.trials) if overhead else own
 
     def _stop_reason(self, space_size: int, reserve_s: float) -> str | None:
         s = self.settings
@@ -359,149 +293,6 @@ class Search:
     def _may_pick(self, config: Config) -> bool:
         return self._batch_allowed(config) and self.ledger.frontier.may_win(config)
 
-    def _past_the_budget(self, config: Config, est: Estimates | None = None) -> str | None:
-        """Why ``config``'s trial would not end within the budget (the confirmation's time kept
-        aside), or None. The trial's own expected time decides (:func:`plan.trial_s` and the
-        run's overhead per trial), not the typical trial's, which may be a slow setting's: it
-        must receive its first batch, its warm-up and its window, which at a large batch or
-        with many workers can take many seconds. The rate is the highest of the best so far,
-        half what the probe's estimates predict for ``config``, and what its workers make at
-        the best pace per worker measured (up to the prediction; without estimates, that pace
-        alone): many workers are tried because they are expected to be that much faster, and
-        judging their batches by a slow best would skip every setting that could beat it.
-        Half, not all, of a prediction: storage that serves few requests at once, which the
-        probe cannot see, can make many workers far slower than predicted (such a trial is
-        also cut at the deadline: ``Limits.ends_by``).
-
-        Before any setting has been explored, a trial is judged at the whole prediction and
-        without the run's overhead per trial, which is then the baseline's (in a script, the
-        launch's start, which a hot-swapped trial does not pay): a setting skipped then ends
-        the search at the baseline for certain, one that runs long is cut at the deadline,
-        where the budget ends anyway."""
-        rate = self.ledger.robust_best()
-        loader_bound = True  # unknown: the shorter warm-up, so that no setting is skipped wrongly
-        explored = self.ledger.n_explored > 0
-        if est is not None:
-            at = est.at(config.batch_size)
-            predicted = at.predicted_samples_per_s(config.num_workers)
-            if config.num_workers:
-                share = 0.5 if explored else 1.0
-                rate = max(rate, share * predicted, min(predicted, self._workers_pace(config)))
-                # The workers set the pace only below every other ceiling; at the step's or the
-                # CPUs' the buffer stays full and the whole warm-up drains it.
-                loader_bound = predicted < 0.95 * at.hard_ceiling
-            else:
-                rate = min(rate, self._in_process_ceiling(config, est))
-        elif config.num_workers:
-            rate = max(rate, self._workers_pace(config))
-        # its own expected time: the run's typical trial may be a slow setting's
-        needed = (
-            self._expected_s(config, rate, loader_bound=loader_bound, overhead=explored)
-            if rate > 0
-            else self._typical_wall()
-        )
-        if self._remaining() - self._confirm_cost() >= needed:
-            return None
-        return f"a trial would take about {needed:.0f} s, more than the budget has left"
-
-    def _workers_pace(self, config: Config) -> float:
-        """``config``'s workers at the most samples/s a worker made in a setting measured with
-        workers (0: none yet): what times a setting of more workers without the probe's
-        estimates (a slow best's rate would time it far too long), and with them up to their
-        prediction."""
-        pace = max(
-            (v / c.num_workers for c, v in self.ledger.values.items() if c.num_workers),
-            default=0.0,
-        )
-        return config.num_workers * pace
-
-    @staticmethod
-    def _in_process_ceiling(config: Config, est: Estimates | None) -> float:
-        """The most a trial of ``config`` without workers is expected to make, for its time:
-        twice the probe's model of it (loading and step take turns in one process; no worker
-        count lifts it), rather than the best's rate, which may be far above it."""
-        if est is None:
-            return math.inf
-        return 2 * est.at(config.batch_size).predicted_samples_per_s(0)
-
-    def _confirm_cost(self) -> float:
-        """Seconds to keep for the confirmation (see :func:`plan.confirm_cost`)."""
-        return plan.confirm_cost(
-            self.ledger.values,
-            self._finalists(),
-            baseline=self.opening.known,
-            n_explored=self.ledger.n_explored,
-            trial_wall_s=self._typical_wall(),
-            walls=self.ledger.walls(),
-            rounds=min(2, self.settings.confirm_rounds),
-            budget_s=self.settings.budget_s,
-        )
-
-    def _finalists(self) -> list[Config]:
-        return plan.finalists(
-            self.ledger.values,
-            n=self.settings.finalists,
-            user_batch_size=self.baseline.batch_size,
-            may_win=self._may_pick,
-        )
-
-    def _confirm(
-        self, log: StudyLog, space: SearchSpace, *, baseline_only: bool = False
-    ) -> Confirmation | None:
-        finalists = [] if baseline_only else self._finalists()
-        wall, walls = self._typical_wall(), self.ledger.walls()
-
-        def round_s(finalists: list[Config]) -> float:  # a slow baseline's own time counts
-            configs = dict.fromkeys([*finalists, self.baseline])
-            return sum(max(wall, walls.get(c, 0.0)) for c in configs)
-
-        # When a round of every finalist does not fit, the last ones (the least promising)
-        # are left out, rather than the confirmation: one lucky figure must not decide.
-        while len(finalists) > 1 and round_s(finalists) > self._remaining():
-            finalists = finalists[:-1]
-        # Rounds go on while a finalist may still win and time is left (``confirm`` leaves out
-        # the settings clearly behind): the budget the exploration did not use decides more.
-        rounds = self.settings.confirm_rounds if round_s(finalists) <= self._remaining() else 0
-        # The winner must have figures from this run: a resumed search's leader measured only
-        # in an earlier run is measured once even past the deadline.
-        unmeasured = bool(finalists) and not any(
-            t.config == finalists[0] for t in self.ledger.trials
-        )
-        if rounds < 1 and not unmeasured:
-            return None
-        uncut = [finalists[0]] if unmeasured else []  # its first trial only
-
-        def run_in_turn(
-            configs: Sequence[Config], on_result: Callable[[TrialResult], bool]
-        ) -> None:
-            def recorded(result: TrialResult) -> bool:
-                log.record(space, result)
-                return on_result(result)
-
-            first = uncut.pop() if uncut and configs[0] == uncut[0] else None
-            self._measure_many([(c, "confirm") for c in configs], go_on=recorded, uncut=first)
-
-        # The rounds' figures pool with this run's earlier ones measured the same way; one
-        # measured otherwise stands in only until the rounds measure its setting.
-        prior, stand_in = self.ledger.samples_of_kind(
-            {c: self._window(c, "confirm").whole_epoch for c in [*finalists, self.baseline]}
-        )
-        return confirm(
-            run_in_turn,
-            finalists,
-            self.baseline,
-            rounds=max(1, rounds),
-            deadline=self._deadline,
-            trial_wall_s=wall,
-            walls=walls,
-            measure_first=unmeasured,
-            prior=prior,
-            stand_in=stand_in,
-            prior_sub_windows=self.ledger.sub_windows(),
-            live=self.settings.live,
-            clock=self.clock,
-        )
-
     # -- the whole search --------------------------------------------------------------------------
 
     def run(self) -> SearchOutcome:
@@ -539,31 +330,6 @@ class Search:
             unsaved = log.save()
         if unsaved and self.observer:
             self.observer.note(unsaved)
-
-    def _live_choice(self, winner: Config, confirmation: Confirmation | None) -> Config:
-        """On a live run the baseline is the setting running: the winner replaces it only when
-        this run's rates say it is faster often enough (:func:`plan.switch_pays`)."""
-        if winner == self.baseline or self.baseline not in self.ledger.values:
-            return winner
-        subs = self.ledger.sub_windows()
-        rates = confirmation.sub_window_rates if confirmation else lambda c: subs.get(c, [])
-        return winner if plan.switch_pays(rates(winner), rates(self.baseline)) else self.baseline
-
-    def _best_not_failed(self, confirmation: Confirmation | None) -> Config | None:
-        """Without a winner from the rounds: the best exploration figure of a setting that did
-        not fail every round it ran there (one that did is no pick, whatever it measured
-        before), or within 2% of it the simplest; None when no such setting has a figure."""
-        failed = (
-            {c for c in confirmation.results if confirmation.failed_here(c)}
-            if confirmation
-            else set()
-        )
-        values = {
-            c: v
-            for c, v in self.ledger.values.items()
-            if c not in failed and self._batch_allowed(c)
-        }
-        return simplest_close(values, self.baseline) if values else None
 
     def _seed_and_explore(
         self, log: StudyLog, space: SearchSpace, est: Estimates | None
