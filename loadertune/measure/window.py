@@ -21,7 +21,7 @@ class WindowSpec:
             inflate the window.
         settled_after: the warm-up may end sooner, once this many batches have come (every
             worker has started and delivered), at the first ``next()`` that waited
-            :data:`~loadertune.measure.meter.SETTLED_WAIT_S` or more: the buffer is empty and
+            :data:`~loadertune.measure.meter_window.SETTLED_WAIT_S` or more: the buffer is empty and
             the loader sets the pace from there on, so draining the rest by count would only
             wait for batches that are not there (with seconds-long batches, a minute). None: by
             count only.
@@ -143,3 +143,21 @@ class Measurement:
     def from_dict(cls, data: Mapping[str, Any]) -> Measurement:
         """The measurement :meth:`to_dict` wrote (its derived figures are left out)."""
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+def cycle_warmup(spec: WindowSpec, epoch_batches: int | None, left: int | None = None) -> int:
+    """The warm-up of a whole-epoch window that cannot open at an epoch's start and so runs
+    across its end: a round of the workers and one more batch (at least two), as a timed
+    window's (:func:`loadertune.trials.window_for`), ended sooner by a waiting ``next()`` once
+    every worker has delivered. 0 where such a window waits for the next epoch instead, because
+    that costs fewer batches: the warm-up and then an epoch, against the ``left`` batches of the
+    epoch under way and then an epoch. ``left``: where the window begins, its epoch's batches
+    yet to come (None: unknown, reckoned at half an epoch); 0 too where ``epoch_batches`` is
+    unknown (the window cannot be placed). A persistent setting at an epoch's start has the
+    whole epoch left, and runs across its end in any epoch longer than the warm-up, which in
+    short epochs saves a trial a whole epoch of waiting."""
+    if not epoch_batches:
+        return 0
+    warmup = max(2, spec.round_batches + 1)
+    left = epoch_batches // 2 if left is None else min(left, epoch_batches)
+    return warmup if warmup < left else 0
