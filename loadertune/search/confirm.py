@@ -271,14 +271,7 @@ def confirm(
         baseline=baseline,
         prior_sub_windows={c: list(v) for c, v in (prior_sub_windows or {}).items()},
     )
-    standing_in: set[Config] = set()
-    for config in configs:
-        if prior and prior.get(config):
-            outcome.values[config] = list(prior[config])
-        elif stand_in and stand_in.get(config):
-            outcome.values[config] = list(stand_in[config])
-            standing_in.add(config)
-
+    standing_in = _pool_earlier(outcome, configs, prior or {}, stand_in or {})
     done = 0
 
     def fits() -> bool:
@@ -312,19 +305,42 @@ def confirm(
         run_in_turn(order[done:], record)
         if done < len(order):  # the deadline came within the round
             break
-        # One that failed every round it ran leaves; the baseline only after two such rounds
-        # (a baseline that fails twice is clearly beaten: ``Confirmation.clearly_better``).
-        runs = outcome.results
-        kept = [
-            c for c in configs if not outcome.failed_here(c) or (c == baseline and len(runs[c]) < 2)
-        ]
-        if live:
-            kept = ahead_of_baseline(kept, outcome.values, baseline)
-        outcome.left_out.update(c for c in configs if c not in kept)
-        configs = kept
+        configs = _still_in(outcome, configs, live=live)
         if len(configs) <= 1:
             break
     return outcome
+
+
+def _pool_earlier(
+    outcome: Confirmation,
+    configs: Sequence[Config],
+    prior: Mapping[Config, Sequence[float]],
+    stand_in: Mapping[Config, Sequence[float]],
+) -> set[Config]:
+    """Start ``outcome``'s figures with this run's earlier ones; returns the settings whose
+    figures only stand in until the rounds measure them."""
+    standing_in: set[Config] = set()
+    for config in configs:
+        if prior.get(config):
+            outcome.values[config] = list(prior[config])
+        elif stand_in.get(config):
+            outcome.values[config] = list(stand_in[config])
+            standing_in.add(config)
+    return standing_in
+
+
+def _still_in(outcome: Confirmation, configs: Sequence[Config], *, live: bool) -> list[Config]:
+    """The settings the next round measures: one that failed every round it ran leaves (the
+    baseline only after two such rounds: a baseline that fails twice is clearly beaten); on a
+    live run, one behind the baseline leaves too."""
+    baseline, runs = outcome.baseline, outcome.results
+    kept = [
+        c for c in configs if not outcome.failed_here(c) or (c == baseline and len(runs[c]) < 2)
+    ]
+    if live:
+        kept = ahead_of_baseline(kept, outcome.values, baseline)
+    outcome.left_out.update(c for c in configs if c not in kept)
+    return kept
 
 
 # Until settings have been measured again, the noise is taken to be this (log rate, between two

@@ -76,7 +76,7 @@ class Search(Finish):
         self.hw = hardware
         self.settings = settings
         self.observer = observer
-        self.storage = settings.storage or storage_or_fallback(observer and observer.note)
+        self.storage = settings.storage or storage_or_fallback(observer.note if observer else None)
         self.ledger = Ledger(memory_margin=settings.memory_margin, min_gain=settings.min_gain)
         self.agenda = Agenda(self.ledger)
         self.opening = Opening(
