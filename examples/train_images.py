@@ -330,7 +330,8 @@ def main(argv: list[str] | None = None) -> None:
     criterion = nn.CrossEntropyLoss()
     print(
         f"{len(train_set)} training / {len(val_set)} validation images, device={device}, "
-        f"batch_size={args.batch_size}, num_workers={args.num_workers}"
+        # the loader's own figures: under `loadertune run` they are the applied settings
+        f"batch_size={train_loader.batch_size}, num_workers={train_loader.num_workers}"
     )
 
     for epoch in range(1, args.epochs + 1):
