@@ -56,9 +56,9 @@ class Confirmation:
 
     @property
     def winner(self) -> Config | None:
-        """Of the settings the rounds kept (one they left out as clearly behind does not come
-        back on its few figures from another time), the cheapest within the noise of the
-        highest median (:func:`cheapest_tied`): noise does not pick the luckier sample."""
+        """Of the settings the rounds kept (one they left out does not come back on its few
+        figures from another time), the cheapest within the noise of the highest median
+        (:func:`cheapest_tied`): noise does not pick the luckier sample."""
         ranked = [
             c
             for c in self.values

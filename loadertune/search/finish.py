@@ -83,8 +83,7 @@ class Finish(TrialTiming):
         # are left out, rather than the confirmation: one lucky figure must not decide.
         while len(finalists) > 1 and round_s(finalists) > self._remaining():
             finalists = finalists[:-1]
-        # Rounds go on while a finalist may still win and time is left (``confirm`` leaves out
-        # the settings clearly behind): the budget the exploration did not use decides more.
+        # Rounds go on while time is left: the budget the exploration did not use decides more.
         rounds = self.settings.confirm_rounds if round_s(finalists) <= self._remaining() else 0
         # The winner must have figures from this run: a resumed search's leader measured only
         # in an earlier run is measured once even past the deadline.

@@ -1,4 +1,4 @@
-"""The cheap first probe: per-sample costs, stage ceilings, and the settings worth trying first.
+"""The cheap first probe: per-sample costs and stage ceilings (its seeds: :mod:`.seeds`).
 
 Three measurements feed it (per sample, so the batch sizes they ran at need not match):
 
@@ -12,7 +12,7 @@ Three measurements feed it (per sample, so the batch sizes they ran at need not 
   the ceilings, and the workers needed, are known at every batch size (:meth:`Estimates.at`).
 
 From these, the barrel principle gives the ceilings (loader, consumer, the CPUs they share) and
-the number of workers needed to reach the lowest one; the search starts around it.
+the number of workers needed to reach the lowest one; the seeds start around it.
 """
 
 from __future__ import annotations
@@ -127,8 +127,7 @@ class Estimates:
         return "main_process" if self.in_process_samples_per_s > ceilings[lowest] else lowest
 
     def _hard_ceilings(self) -> dict[str, float]:
-        """The ceilings no worker count can lift: all but the loader's, which grows with the
-        worker range the search may widen."""
+        """The ceilings no worker count can lift: all but the loader's."""
         return {k: v for k, v in self._ceilings().items() if k != "loader"}
 
     @property
@@ -185,8 +184,7 @@ def _loop_floor(replay: TrialResult, w0: TrialResult, w1: TrialResult | None) ->
     """The least the step's own rate can be: what the probe's whole loops made (loading
     included, a loop runs no faster than its step), at a batch size no larger than the
     replay's (a larger batch spreads the step's fixed cost thinner). A replay measured below it
-    was disturbed (a machine busy with other work), and a ceiling below the loop's own rate
-    would end the search "at the ceiling". (Not the loop's time outside ``next()``: a GPU
+    was disturbed (a machine busy with other work). (Not the loop's time outside ``next()``: a GPU
     step's kernels run on while the next batch loads.)"""
     loops = [t for t in (w0, w1) if t is not None and t.ok]
     return max(

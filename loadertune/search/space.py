@@ -170,8 +170,8 @@ def worker_cap(
     CPU-bound loading gains nothing past the usable CPUs (the training loop needs one too), so
     the cap is ``usable_cpus + 1`` to see the downturn. Loading that waits on I/O overlaps its
     waits: no rule of thumb bounds it, only what the wait needs. ``workers_needed`` (the probe's
-    rate to reach × wall time per sample) sets the cap with 50% to spare, never below 8 per CPU;
-    the search widens it further when its best sits at the edge. The machine bounds it: RAM per
+    rate to reach × wall time per sample) sets the cap with 50% to spare, never below 8 per CPU.
+    The machine bounds it: RAM per
     worker (``worker_pss_bytes``, in what the budget leaves the workers), the open-file limit,
     and a hard ceiling.
     """
