@@ -172,7 +172,8 @@ class Hardware:
                 ", ".join(f"{g.name} ({g.memory_total_bytes / gib:.0f} GiB)" for g in self.gpus)
             )
         else:
-            parts.append(f"no GPU ({self.gpu_note})" if self.gpu_note else "no GPU")
+            note = self.gpu_note
+            parts.append(f"no GPU ({note})" if note and not _no_nvidia_driver(note) else "no GPU")
         return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -180,6 +181,14 @@ class Hardware:
         data["key"] = self.key
         data["description"] = self.describe()
         return data
+
+
+def _no_nvidia_driver(gpu_note: str) -> bool:
+    """The note says NVML's shared library is not installed: no NVIDIA driver, the normal
+    CPU-only machine, which every command's header calls "no GPU" and no more. NVML present
+    but failing (a driver problem) is worth seeing there; ``loadertune doctor`` and the saved
+    ``gpu_note`` keep the reason in every case."""
+    return gpu_note.startswith(f"NVML unavailable: {nvml.LIBRARY_NOT_FOUND}")
 
 
 def _versions() -> dict[str, str | None]:

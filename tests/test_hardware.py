@@ -224,10 +224,28 @@ def test_describe_synthetic() -> None:
     assert "2 usable CPUs (AMD EPYC 7B13 64-Core Processor; 2 logical, quota 1.5 CPUs)" in text
     assert "16.0 GiB RAM" in text
     assert "/dev/shm 8.0 GiB" in text
-    assert "no GPU (NVML unavailable: NVMLError_LibraryNotFound)" in text
+    assert text.endswith(", no GPU") and "NVML" not in text
     text = _hardware(gpus=(_gpu("NVIDIA H100 80GB HBM3"),), gpu_note=None).describe()
     assert "NVIDIA H100 80GB HBM3 (80 GiB)" in text
     assert "no GPU" not in text
+
+
+def test_no_gpu_says_why_only_where_nvml_is_there_but_fails() -> None:
+    """A new user's CPU-only machine printed "no GPU (NVML unavailable:
+    NVMLError_LibraryNotFound: NVML Shared Library Not Found)" in every command's header: no
+    NVIDIA driver is the normal CPU machine, said as "no GPU". A driver that NVML cannot reach
+    is worth seeing; the saved JSON keeps every reason."""
+    missing = "NVML unavailable: NVMLError_LibraryNotFound: NVML Shared Library Not Found"
+    hw = _hardware(gpu_note=missing)
+    assert hw.describe().endswith(", no GPU")
+    assert hw.to_dict()["gpu_note"] == missing
+    for note in (
+        "NVML unavailable: NVMLError_DriverNotLoaded: Driver Not Loaded",
+        "NVML unavailable: NVMLError_LibRmVersionMismatch: RM has detected an NVML/RM version "
+        "mismatch.",
+        "NVML lists no visible device",
+    ):
+        assert _hardware(gpu_note=note).describe().endswith(f", no GPU ({note})")
 
 
 def test_detect_key_is_stable() -> None:
@@ -269,7 +287,12 @@ def test_describe_mentions_cpus_and_why_no_gpu() -> None:
     hw = detect()
     text = hw.describe()
     assert f"{hw.usable_cpus} usable CPUs" in text
-    assert f"no GPU (NVML unavailable: {nvml.unavailable_reason()})" in text
+    reason = nvml.unavailable_reason()
+    assert reason is not None
+    if reason.startswith(nvml.LIBRARY_NOT_FOUND):  # no NVIDIA driver: nothing to see
+        assert text.endswith(", no GPU")
+    else:
+        assert f"no GPU (NVML unavailable: {reason})" in text
 
 
 def test_to_dict_has_key_and_description() -> None:

@@ -14,6 +14,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+# The error pynvml raises where NVML's shared library is not installed (no NVIDIA driver).
+LIBRARY_NOT_FOUND = "NVMLError_LibraryNotFound"
+
 _lock = threading.Lock()
 _state: dict[str, Any] = {"ready": None, "reason": None, "module": None}
 
