@@ -382,3 +382,67 @@ def test_a_search_beside_busy_processes_says_its_figures_moved_with_them() -> No
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     assert any("other processes kept" in w for w in rec.diagnosis["warnings"]), rec.diagnosis
+
+
+def _cpu_loading(**changes: object) -> Estimates:
+    """Estimates of CPU-bound loading (every CPU second of it computing) that limits the
+    worker pipeline: 2 ms a sample to load, 0.5 ms a sample to step."""
+    est = Estimates(
+        load_s_per_sample=0.002,
+        load_cpu_fraction=1.0,
+        worker_s_per_sample=0.002,
+        step_s_per_sample=0.0005,
+        step_cpu_per_sample=0.0005,
+        usable_cpus=2,
+        max_workers=2,
+        consumer_ceiling=2000.0,
+        loader_ceiling=1000.0,
+        cpu_ceiling=800.0,
+    )
+    return dataclasses.replace(est, **changes)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("winner", "est", "decoding", "in_process"),
+    [
+        # decoding on the CPUs is what limits training: say so
+        (Config(32, 2, 2), _cpu_loading(), True, False),
+        # a new user's Lightning run on an in-memory TensorDataset: in-process loading wins
+        # (handing a batch over costs more than making it); it was told both to decode less
+        # and that loading in-process is fastest
+        (
+            Config(64, 0),
+            _cpu_loading(
+                load_s_per_sample=2e-6,
+                worker_s_per_sample=1e-4,
+                loader_ceiling=2e4,
+                cpu_ceiling=5e4,
+                in_process_samples_per_s=2.5e4,
+            ),
+            False,
+            True,
+        ),
+        # the step's ceiling is the lowest: loading is not what limits training
+        (Config(32, 2, 2), _cpu_loading(consumer_ceiling=500.0), False, False),
+        # the CPUs limit, but loading costs little beside the step: the step holds the CPUs
+        (
+            Config(32, 2, 2),
+            _cpu_loading(load_s_per_sample=1e-5, step_s_per_sample=1e-3, step_cpu_per_sample=1e-3),
+            False,
+            False,
+        ),
+    ],
+)
+def test_decoding_advice_only_where_decoding_limits_training(
+    winner: Config, est: Estimates, decoding: bool, in_process: bool
+) -> None:
+    from types import SimpleNamespace
+
+    from loadertune.hardware import detect
+    from loadertune.results.advice import _advise_in_process, _advise_loading
+
+    outcome = SimpleNamespace(winner=winner, winner_estimates=est)
+    diag = {"bottleneck": "input"}
+    line = _advise_loading(outcome, detect(), diag)  # type: ignore[arg-type]
+    assert (line is not None and "decoding" in line) is decoding
+    assert (_advise_in_process(outcome, detect(), diag) is not None) is in_process  # type: ignore[arg-type]

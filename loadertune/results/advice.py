@@ -12,11 +12,28 @@ from loadertune.units import GIB, MIB
 
 if TYPE_CHECKING:
     from loadertune.search import SearchOutcome
+    from loadertune.search.probe import Estimates
 
 
 def _median(values: list[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return statistics.median(present) if present else None
+
+
+# Loading whose CPU seconds per sample are below this share of the step's seconds per sample
+# is cheap beside the step: making it cheaper still (pre-decoding, packing) wins little.
+COSTLY_LOADING_SHARE = 0.5
+
+
+def _decoding_limits(est: Estimates) -> bool:
+    """Producing samples on the CPU is what limits training: the probe's lowest ceiling is the
+    workers' or the CPUs' (not the step's, the copy's, or the hand-over that loading in the
+    training process avoids: an in-memory dataset that wins at ``num_workers=0`` is not
+    decode-bound), and a sample's loading costs a real share of the step's time."""
+    if est.limiting_stage not in ("loader", "cpu"):
+        return False
+    load_cpu_s = est.load_s_per_sample * est.load_cpu_fraction
+    return load_cpu_s >= COSTLY_LOADING_SHARE * est.step_s_per_sample
 
 
 def _advise_loading(outcome: SearchOutcome, hw: Hardware, diag: dict[str, Any]) -> str | None:
@@ -29,6 +46,8 @@ def _advise_loading(outcome: SearchOutcome, hw: Hardware, diag: dict[str, Any]) 
             "and pack small files into larger ones (npy, LMDB, HDF5) to cut per-file "
             "latency; more workers than CPUs is right here"
         )
+    if not _decoding_limits(est):
+        return None
     return (
         "decoding and augmentation on the CPU limit training: store samples "
         "pre-decoded or in a packed format (npy, LMDB, HDF5), make augmentation "
