@@ -165,11 +165,6 @@ def build_recommendation(
     speedup = None
     if win_fig and base_fig and base_fig["epoch_samples_per_s"]:
         speedup = win_fig["epoch_samples_per_s"] / base_fig["epoch_samples_per_s"]
-    at_bs = outcome.best_at_batch_size(outcome.user_batch_size)
-    at_bs_fig = _figures(outcome.results_for(at_bs)) if at_bs is not None else None
-    at_bs_kwargs = at_bs.loader_kwargs() if at_bs is not None else None
-    if hide_batch_size and at_bs_kwargs is not None:  # (not "batch_size: 1" either)
-        at_bs_kwargs.pop("batch_size")
     space = outcome.space
     return Recommendation(
         loader_kwargs=kwargs,
@@ -179,11 +174,7 @@ def build_recommendation(
         speedup=speedup,
         within_noise=not analysis.clearly_better(outcome, hw),
         unconfirmed=analysis.unconfirmed(outcome),
-        best_at_batch_size=(
-            {"loader_kwargs": at_bs_kwargs, **(at_bs_fig or {})}
-            if at_bs_kwargs is not None
-            else None
-        ),
+        best_at_batch_size=_best_at_batch_size(outcome, hide_batch_size=hide_batch_size),
         trials=outcome.trials,
         diagnosis=analysis.analyze(outcome, hw),
         hardware=hw,
@@ -215,6 +206,22 @@ def build_recommendation(
         ),
         between_epochs_s=_between_epochs_s(outcome.trials),
     )
+
+
+def _best_at_batch_size(outcome: SearchOutcome, *, hide_batch_size: bool) -> dict[str, Any] | None:
+    """The best setting at the user's batch size with its figures: this run's, or, for a
+    setting only an earlier run of a resumed study measured, the rate the study holds of it
+    (by epoch, as the search ranks settings), marked ``"earlier_run"``."""
+    at_bs = outcome.best_at_batch_size(outcome.user_batch_size)
+    if at_bs is None:
+        return None
+    kwargs = at_bs.loader_kwargs()
+    if hide_batch_size:  # (not "batch_size: 1" either)
+        kwargs.pop("batch_size")
+    figures = _figures(outcome.results_for(at_bs))
+    if figures is None:
+        figures = {"epoch_samples_per_s": outcome.value(at_bs), "earlier_run": True}
+    return {"loader_kwargs": kwargs, **figures}
 
 
 def _between_epochs_s(trials: list[TrialResult]) -> float | None:

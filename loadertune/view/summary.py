@@ -33,19 +33,27 @@ _STAGE_NAMES = {
 CEILING_EXCEEDED = 105.0  # percent of the estimated ceiling beyond which noise does not explain it
 
 
-def _ceiling_refuted(entry: Mapping[str, Any], ceiling: float) -> str:
-    """What the summary adds when a trial of the search measured far above the estimated
-    ceiling that the winner's median stays under: the estimate bounds nothing then. The best of
-    several noisy trials reads above a true ceiling by more than a median does, so the bar is
-    the search's own (:data:`CEILING_REFUTED` times it). On a busy machine the probe's
-    estimate can be far too low, and "reaches N% of it" would then mislead."""
+def _ceiling_refuted(
+    entry: Mapping[str, Any], diag: Mapping[str, Any], ceiling: float
+) -> str | None:
+    """Why the run itself refutes the estimated ceiling, in words, or None where nothing it
+    measured does: the winner's median clearly above it (:data:`CEILING_EXCEEDED`), or a trial
+    of the search far above it though the winner's median stays under. The best of several
+    noisy trials reads above a true ceiling by more than a median does, so that bar is the
+    search's own (:data:`CEILING_REFUTED` times it). The estimate rests on the probe's
+    per-sample figures at one batch size and worker count: a winner elsewhere (in-process at a
+    larger batch, whose fixed fetch cost a batch spreads thinner) can beat it, and on a busy
+    machine it can be far too low. A figure the run refutes is then not printed at all."""
+    percent = diag.get("percent_of_ceiling")
+    if percent is not None and percent > CEILING_EXCEEDED:
+        return "the probe's figures did not hold for the winner's setting"
     best = (entry.get("search") or {}).get("best_explored_samples_per_s")
-    if not isinstance(best, (int, float)) or best <= CEILING_REFUTED * ceiling:
-        return ""
-    return (
-        f"; a trial of the search measured {best:,.0f} samples/s, {100 * best / ceiling:.0f}% "
-        "of it: the probe's figures do not hold there, so this is no bound"
-    )
+    if isinstance(best, (int, float)) and best > CEILING_REFUTED * ceiling:
+        return (
+            f"a trial of the search measured {best:,.0f} samples/s, far beyond what the "
+            "probe's figures allowed"
+        )
+    return None
 
 
 # Why the exploration stopped (``search.stop_reason``), in words; "at_ceiling" is said with
@@ -234,6 +242,9 @@ def _ceiling_line(entry: Mapping[str, Any], diag: Mapping[str, Any]) -> str | No
     ceiling = diag.get("ceiling_samples_per_s")
     if not ceiling:
         return None
+    refuted = _ceiling_refuted(entry, diag, ceiling)
+    if refuted:  # (the JSON keeps the estimate and the percent; the summary prints neither)
+        return f"ceiling: none estimated ({refuted})"
     stage = str((diag.get("ceilings") or {}).get("limiting_stage") or "")
     name = _STAGE_NAMES.get(stage, stage or "an unknown stage")
     if stage == "consumer" and (diag.get("ceilings") or {}).get("step_floored"):
@@ -241,17 +252,9 @@ def _ceiling_line(entry: Mapping[str, Any], diag: Mapping[str, Any]) -> str | No
         name += ", at least as fast as a loop measured, which is all the probe could tell"
     line = f"estimated ceiling {ceiling:,.0f} samples/s (limited by {name})"
     percent = diag.get("percent_of_ceiling")
-    if percent is not None and percent > CEILING_EXCEEDED:
-        # The estimate is built from the probe's per-sample figures at one batch size and
-        # worker count; a winner elsewhere (in-process at a larger batch, whose fixed fetch
-        # cost a batch spreads thinner) can beat it. Then it bounds nothing.
-        return line + (
-            f"; the winner's median rate is {percent:.0f}% of it: the probe's figures do "
-            "not hold for the winner's setting, so this is no bound"
-        )
     if percent is not None:
         line += f"; the winner's median rate reaches {percent:.0f}% of it"
-    return line + _ceiling_refuted(entry, ceiling)
+    return line
 
 
 def _best_at_batch_size_line(entry: Mapping[str, Any]) -> str | None:
@@ -265,16 +268,32 @@ def _best_at_batch_size_line(entry: Mapping[str, Any]) -> str | None:
         or at_bs_kwargs["batch_size"] == kwargs["batch_size"]
     ):
         return None
-    at_rate = (at_bs or {}).get("samples_per_s")
     # your own settings, where nothing else at your batch size beat them: say so, or the
     # baseline itself reads as a setting the search found
     own = " (your own settings)" if at_bs_kwargs == _baseline_kwargs(entry) else ""
     return (
         f"best at your batch size: {Config.from_kwargs(at_bs_kwargs).label()}{own} "
-        f"{rate_text(at_rate)} samples/s{_at_batch_size_note(entry, at_bs_kwargs, at_rate)}; "
+        f"{_at_batch_size_figure(at_bs or {}, at_bs_kwargs, entry)}; "
         "the winner changes the batch size, so scale the learning rate with it (linearly "
         "or by its square root)"
     )
+
+
+def _at_batch_size_figure(
+    at_bs: Mapping[str, Any], kwargs: Mapping[str, Any], entry: Mapping[str, Any]
+) -> str:
+    """The rate of the best setting at the user's batch size, in words: this run's steady
+    rate; or, for a setting only an earlier run of a resumed study measured, the epoch rate the
+    study holds; never a dash where a number should stand."""
+    rate = at_bs.get("samples_per_s")
+    if isinstance(rate, (int, float)):
+        return f"{rate_text(rate)} samples/s{_at_batch_size_note(entry, kwargs, rate)}"
+    epoch = at_bs.get("epoch_samples_per_s")
+    if not at_bs.get("earlier_run"):
+        return "(no figure of it in this run)"
+    if isinstance(epoch, (int, float)) and epoch > 0:
+        return f"{rate_text(epoch)} samples/s per epoch, measured in an earlier run of the study"
+    return "(measured in an earlier run of the study)"
 
 
 def _search_line(entry: Mapping[str, Any]) -> str:
