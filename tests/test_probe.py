@@ -393,10 +393,17 @@ def test_seed_configs_persistent_only_when_epoch_length_known() -> None:
     assert not any(s.persistent_workers for s in unknown)
 
 
-def test_seed_configs_pin_memory_with_cuda() -> None:
+def test_seed_configs_with_cuda_pin_only_the_lead_setting() -> None:
+    """Cheaper first: the seeds run unpinned; pinning is tried once, on the lead setting, and
+    must win by its own measurement."""
     space = SearchSpace(batch_sizes=(64,), max_workers=8, pin_memory=(False, True))
     seeds = seed_configs(_estimates(3), space, batch_size=64, epoch_length_known=True)
-    assert all(s.pin_memory for s in seeds)
+    assert not seeds[0].pin_memory
+    assert seeds[1] == dataclasses.replace(seeds[0], pin_memory=True)
+    assert not any(s.pin_memory for s in seeds[2:])
+    pinned_only = SearchSpace(batch_sizes=(64,), max_workers=8, pin_memory=(True,))
+    pinned = seed_configs(_estimates(3), pinned_only, batch_size=64, epoch_length_known=True)
+    assert all(s.pin_memory for s in pinned)
 
 
 def test_seed_configs_include_other_batch_sizes() -> None:

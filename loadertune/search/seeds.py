@@ -4,6 +4,7 @@ neighbours in workers and prefetch (:func:`seed_configs`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from loadertune.config import Config
@@ -88,7 +89,9 @@ def seed_configs(
     ``limit`` defaults to the number of batch sizes + 5."""
     if limit is None:
         limit = len(space.batch_sizes) + 5
-    pin = True in space.pin_memory
+    # Cheaper first: unpinned where the space allows it; pinning is tried once, on the lead
+    # setting, and must win there by its own measurement.
+    pin = False not in space.pin_memory
     persist = epoch_length_known and True in space.persistent_workers
     lead, *others = _batch_order(est, space, batch_size, window_s)
     need, first = _workers_to_try(est.at(lead), space)
@@ -119,6 +122,8 @@ def seed_configs(
             if w >= 1
         ]
     wanted.append(variants[0])
+    if not pin and True in space.pin_memory:
+        wanted.append(dataclasses.replace(variants[0], pin_memory=True))
     # Loading in the loop's own process at the largest batch: the probe measured it at one batch
     # size and takes its cost per sample to hold at every other, but a batch also costs the
     # fetch a fixed part (the sampler, collate, the call itself) that a larger batch spreads
