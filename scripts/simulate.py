@@ -10,6 +10,8 @@ noiseless optimum of the same model::
     python scripts/simulate.py --n 50 --seed 7 --workload-json /tmp/w.json
     python scripts/simulate.py --seed 7 --one 42 --mode inline     # trace one search
     python scripts/simulate.py --n 300 --mode live --budget 60     # tuning inside the run
+    python scripts/simulate.py --n 300 --seed 7 --ablate climbs    # one rule switched off
+    python scripts/simulate.py --n 300 --seed 7 --set finalists=2  # a setting or constant
 
 ``--mode live`` scores the live search (``loadertune run --tune``: no replay, the run's own batch
 size) by the time to train a run with tuning over the time without it (see :class:`LiveScore`),
