@@ -446,3 +446,33 @@ def test_decoding_advice_only_where_decoding_limits_training(
     line = _advise_loading(outcome, detect(), diag)  # type: ignore[arg-type]
     assert (line is not None and "decoding" in line) is decoding
     assert (_advise_in_process(outcome, detect(), diag) is not None) is in_process  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("gain", "clear"), [(12.0, True), (2.0, False)])
+def test_on_a_busy_machine_only_a_gap_no_load_explains_is_clear(gain: float, clear: bool) -> None:
+    """No rounds compared the winner with the baseline and other processes kept the machine
+    busy: the sub-windows of one window share its moment's load, so a 2x gain is not clear,
+    but a 12x one is (it had read "within the noise: keeping yours loses nothing")."""
+    import dataclasses as dc
+    import os
+    from types import SimpleNamespace
+
+    from loadertune.hardware import detect
+    from loadertune.results.analysis import clearly_better
+
+    cpus = len(os.sched_getaffinity(0))
+    base, win = _ok(150.0, 0.9), _ok(150.0 * gain, 0.05)
+    base.config, win.config = Config(32), Config(128, 2, 2)
+    base.measurement.sub_window_samples_per_s = [140.0, 160.0, 150.0, 155.0]
+    win.measurement.sub_window_samples_per_s = [150.0 * gain * f for f in (0.95, 1.05, 1.0)]
+    for t in (base, win):
+        t.resources = ResourceUsage(cpu_percent_others=50.0 * cpus)
+    outcome = SimpleNamespace(
+        winner=win.config,
+        baseline=base.config,
+        confirmation=None,
+        trials=[base, win],
+        results_for=lambda c: [t for t in (base, win) if t.config == c],
+    )
+    hw = dc.replace(detect(), cpu_quota=None)
+    assert clearly_better(outcome, hw) is clear  # type: ignore[arg-type]

@@ -718,3 +718,27 @@ def test_of_equal_settings_the_one_that_costs_least_wins() -> None:
     assert confirm_mod.cheapest_tied(options, values, base) == Config(64, 2, 2)
     del values[Config(64, 2, 2)]
     assert confirm_mod.cheapest_tied(options[:4], values, base) == Config(128, 2, 2)
+
+
+def test_a_gap_no_load_explains_is_clear_on_a_busy_machine_too() -> None:
+    """A busy machine lets only rounds compare figures, but a 12x gain, however few rounds
+    measured the baseline, is no noise: 'within the noise' would tell the user to keep a
+    setting that loses over 10x."""
+    base, win = Config(32), Config(128, 2, 2)
+    conf = _confirmation(
+        base,
+        {base: [152.0], win: [1860.0, 1790.0, 1900.0]},
+        subs={
+            base: [[140.0, 160.0, 150.0, 155.0]],
+            win: [[1800.0, 1900.0], [1750.0, 1850.0], [1880.0, 1920.0]],
+        },
+    )
+    assert conf.winner == win
+    assert conf.clearly_better_than_baseline(sub_windows=False)
+    near = _confirmation(
+        base,
+        {base: [152.0], win: [300.0, 290.0]},
+        subs={base: [[140.0, 160.0]], win: [[290.0, 310.0], [280.0, 300.0]]},
+    )
+    assert not near.clearly_better_than_baseline(sub_windows=False)  # 2x: load may explain it
+    assert near.clearly_better_than_baseline(sub_windows=True)

@@ -18,7 +18,11 @@ from loadertune.config import Config
 from loadertune.hardware import Hardware
 from loadertune.results.advice import advice
 from loadertune.search import memory
-from loadertune.search.confirm import sub_windows_clearly_better
+from loadertune.search.confirm import (
+    APART_MARGIN,
+    SINGLE_TRIAL_MARGIN,
+    sub_windows_clearly_better,
+)
 from loadertune.search.probe import Estimates
 from loadertune.search.stop import bottleneck
 from loadertune.trials import TrialResult
@@ -205,19 +209,20 @@ def clearly_better(outcome: SearchOutcome, hw: Hardware) -> bool:
     this run against the baseline's, as the confirmation decides on a tight budget. One lucky
     window is not "clearly faster".
 
-    While other processes kept the machine busy (:data:`BUSY_MACHINE_PERCENT`), only
-    rounds may say so: the sub-windows of one window share its moment's load, so they can
-    agree with each other and still be far from the setting's rate on a quiet machine."""
+    While other processes kept the machine busy (:data:`BUSY_MACHINE_PERCENT`), only rounds,
+    or a gap no load explains (:data:`~loadertune.search.confirm.APART_MARGIN`), may say so:
+    the sub-windows of one window share its moment's load, so they can agree with each other
+    and still be far from the setting's rate on a quiet machine."""
     winner, base = outcome.winner, outcome.baseline
     busy = (others_cpu_percent(outcome, hw) or 0.0) >= BUSY_MACHINE_PERCENT
     conf = outcome.confirmation
     if conf is not None and conf.winner == winner:
         return conf.clearly_better_than_baseline(sub_windows=not busy)
-    if winner == base or busy:
+    if winner == base:
         return False
-    return sub_windows_clearly_better(
-        _sub_window_rates(outcome, winner), _sub_window_rates(outcome, base)
-    )
+    ours, theirs = _sub_window_rates(outcome, winner), _sub_window_rates(outcome, base)
+    # busy: only a gap no load of the machine explains (APART_MARGIN) says "clearly"
+    return sub_windows_clearly_better(ours, theirs, APART_MARGIN if busy else SINGLE_TRIAL_MARGIN)
 
 
 def unconfirmed(outcome: SearchOutcome) -> bool:

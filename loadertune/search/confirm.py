@@ -110,20 +110,19 @@ class Confirmation:
         win = self.winner
         if win is None or win == self.baseline:
             return False
+        ours_subs, theirs_subs = self.sub_window_rates(win), self.sub_window_rates(self.baseline)
+        # A gap no load of the machine explains is clear whatever else holds, busy or not.
+        if sub_windows_clearly_better(ours_subs, theirs_subs, APART_MARGIN):
+            return True
         if not self.results.get(self.baseline):
             # The deadline came before the baseline's turn: its figures are from another moment
-            # (a script's first launch, whose opening window may read low), and only a gap no
-            # load of the machine explains says "clearly".
-            return sub_windows and sub_windows_clearly_better(
-                self.sub_window_rates(win), self.sub_window_rates(self.baseline), APART_MARGIN
-            )
+            # (a script's first launch, whose opening window may read low).
+            return False
         ours, theirs = self.values.get(win, []), self.values.get(self.baseline, [])
         if not theirs:  # the baseline failed every round it ran: anything that runs is better
             return True
         if len(ours) < 2 or len(theirs) < 2:
-            return sub_windows and sub_windows_clearly_better(
-                self.sub_window_rates(win), self.sub_window_rates(self.baseline)
-            )
+            return sub_windows and sub_windows_clearly_better(ours_subs, theirs_subs)
         return rates_clearly_better(ours, theirs)
 
     @property
