@@ -107,3 +107,44 @@ def test_no_import_cycle() -> None:
 def test_the_graph_is_read() -> None:
     assert "loadertune.trials" in GRAPH["loadertune.search.driver"]
     assert "loadertune.search" in GRAPH["loadertune.api.tune"]
+
+
+# -- size: one concept per module, functions a reader can hold ------------------------------------
+
+MAX_MODULE_LINES = 450
+MAX_FUNCTION_CODE_LINES = 60
+
+
+def _code_lines(node: ast.FunctionDef | ast.AsyncFunctionDef, source_lines: list[str]) -> int:
+    """Lines of ``node``'s body that hold code: its signature, docstring, blank lines and
+    comments left out."""
+    body = node.body
+    if (
+        len(body) > 1
+        and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+        and isinstance(body[0].value.value, str)
+    ):
+        body = body[1:]
+    count = 0
+    for n in range(body[0].lineno, (node.end_lineno or node.lineno) + 1):
+        text = source_lines[n - 1].strip()
+        if text and not text.startswith("#"):
+            count += 1
+    return count
+
+
+def test_modules_and_functions_stay_small() -> None:
+    too_long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        lines = text.splitlines()
+        name = path.relative_to(PACKAGE.parent)
+        if len(lines) > MAX_MODULE_LINES:
+            too_long.append(f"{name}: {len(lines)} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = _code_lines(node, lines)
+                if n > MAX_FUNCTION_CODE_LINES:
+                    too_long.append(f"{name}:{node.lineno} {node.name}: {n} code lines")
+    assert not too_long, "\n".join(too_long)
