@@ -1131,7 +1131,11 @@ def cause_of(
     if score.ratio >= 0.95:
         return ""
     if score.ratio_ran >= 0.95:  # a good setting ran: the choice lost it
-        good = {t.config for t in trace if t.result.ok and t.true_epoch >= 0.95 * score.true_value}
+        good = {  # a replay's rate is the step's alone, not its setting's: no good setting
+            t.config
+            for t in trace
+            if t.result.ok and t.phase != "replay" and t.true_epoch >= 0.95 * score.true_value
+        }
         confirmed = set(outcome.confirmation.values) if outcome.confirmation else set()
         if good & confirmed:
             return "ran a good setting; confirmed, lost"
