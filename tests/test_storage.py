@@ -54,6 +54,8 @@ def test_search_with_an_unusable_cache_saves_its_recommendation(tmp_path: Path) 
     blocker.write_text("")
     env = {k: v for k, v in os.environ.items() if k != "LOADERTUNE_CACHE_DIR"}
     env["XDG_CACHE_HOME"] = str(blocker)
+    env["TMPDIR"] = str(tmp_path / "tmp")  # where the temporary study goes, and is removed
+    (tmp_path / "tmp").mkdir()
     out = tmp_path / "rec.json"
     proc = subprocess.run(
         [sys.executable, "-m", "loadertune", "search", str(SCRIPTS / "style_alias.py"),
@@ -65,3 +67,4 @@ def test_search_with_an_unusable_cache_saves_its_recommendation(tmp_path: Path) 
     assert "Traceback" not in text
     assert "cannot be resumed" in text and "--storage" in text
     assert json.loads(out.read_text())
+    assert not list((tmp_path / "tmp").glob("loadertune-study-*"))  # it leaves nothing behind

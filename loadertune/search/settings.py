@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -142,12 +144,13 @@ def default_storage() -> str:
 
 def storage_or_fallback(note: Callable[[str], None] | None) -> str:
     """The default storage, or, where it cannot be had, a study in a temporary folder that no
-    later search resumes: the search goes on and saves its recommendation, and ``note`` says
-    how to choose a storage that lasts."""
+    later search resumes (removed when this process exits): the search goes on and saves its
+    recommendation, and ``note`` says how to choose a storage that lasts."""
     try:
         return default_storage()
     except StorageUnavailable as exc:
         folder = Path(tempfile.mkdtemp(prefix="loadertune-study-"))
+        atexit.register(shutil.rmtree, folder, True)  # no later search can resume it
         if note is not None:
             note(
                 f"cannot create the study cache {exc.root} ({exc.reason}); this search cannot "
