@@ -402,7 +402,7 @@ class StallsOnce(Dataset):
         import os
 
         if i == self.stall_at and not os.path.exists(self.flag):
-            open(self.flag, "w").close()  # noqa: SIM115 (a marker: once across processes)
+            open(self.flag, "w").close()  # a marker: the stall happens once across processes
             time.sleep(self.stall_s)
         return torch.tensor([i])
 
