@@ -36,7 +36,7 @@ fi
 if wants frameworks; then
 # Lightning, Accelerate and the Hugging Face Trainer as they run by default on a GPU machine.
 echo "== framework tests on CUDA" | tee "$out/frameworks.log"
-LOADERTUNE_TEST_CUDA=1 timeout 480 python3 -m pytest -v -p no:cacheprovider --durations=6 \
+LOADERTUNE_TEST_CUDA=1 timeout 480 python3 -m pytest -m frameworks -v -p no:cacheprovider --durations=6 \
     tests/test_frameworks.py -k "lightning or accelerate or hugging" 2>&1 | tee -a "$out/frameworks.log"
 fi
 
