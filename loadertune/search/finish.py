@@ -24,29 +24,18 @@ if TYPE_CHECKING:
 class Finish(TrialTiming):
     """The search's confirmation phase (see the module docstring)."""
 
+    # What the search (driver.Search) provides; declared for the type checker only.
     opening: Opening
     clock: Callable[[], float]
     _deadline: float
+    _may_pick: Callable[[Config], bool]
+    _batch_allowed: Callable[[Config], bool]
+    _measure_many: Callable[..., list[TrialResult]]
 
-    @property
-    def baseline(self) -> Config:
-        raise NotImplementedError
+    if TYPE_CHECKING:
 
-    def _may_pick(self, config: Config) -> bool:
-        raise NotImplementedError
-
-    def _batch_allowed(self, config: Config) -> bool:
-        raise NotImplementedError
-
-    def _measure_many(
-        self,
-        planned: Sequence[tuple[Config | None, str]],
-        *,
-        prunable: bool = False,
-        go_on: Callable[[TrialResult], bool] | None = None,
-        uncut: Config | None = None,
-    ) -> list[TrialResult]:
-        raise NotImplementedError
+        @property
+        def baseline(self) -> Config: ...
 
     def _confirm_cost(self) -> float:
         """Seconds to keep for the confirmation (see :func:`plan.confirm_cost`)."""

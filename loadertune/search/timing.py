@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from loadertune.config import Config
@@ -27,19 +28,14 @@ if TYPE_CHECKING:
 class TrialTiming:
     """The search's time predictions (see the module docstring)."""
 
+    # What the search (driver.Search) provides; declared for the type checker only.
     ledger: Ledger
     settings: SearchSettings
     runner: TrialRunner
     _est: Estimates | None
-
-    def _remaining(self) -> float:
-        raise NotImplementedError
-
-    def _window(self, config: Config | None, phase: str = "search") -> WindowSpec:
-        raise NotImplementedError
-
-    def _confirm_cost(self) -> float:
-        raise NotImplementedError
+    _remaining: Callable[[], float]
+    _window: Callable[..., WindowSpec]
+    _confirm_cost: Callable[[], float]
 
     def _typical_wall(self) -> float:
         """The typical trial's wall, the user's own settings' left out: one slow baseline is
