@@ -422,6 +422,22 @@ def _cpu_loading(**changes: object) -> Estimates:
             False,
             True,
         ),
+        # examples/train_images.py on 2 CPUs: decoding (0.53 ms a sample) shares the CPUs with
+        # a step of 1.2 ms; the CPUs limit, and cheaper decoding frees them for the step
+        (
+            Config(32, 0),
+            _cpu_loading(
+                load_s_per_sample=5.3e-4,
+                worker_s_per_sample=5.3e-4,
+                step_s_per_sample=1.2e-3,
+                step_cpu_per_sample=1.2e-3,
+                consumer_ceiling=831.0,
+                loader_ceiling=3400.0,
+                cpu_ceiling=687.0,
+            ),
+            True,
+            False,
+        ),
         # the step's ceiling is the lowest: loading is not what limits training
         (Config(32, 2, 2), _cpu_loading(consumer_ceiling=500.0), False, False),
         # the CPUs limit, but loading costs little beside the step: the step holds the CPUs
